@@ -1,0 +1,2 @@
+//! Decoding benchmarks (filled in below).
+fn main() {}

@@ -1,0 +1,40 @@
+//! Synapse's worker replication protocol, for Rust.
+//!
+//! Synapse, the Matrix homeserver, scales out into processes that tell each
+//! other what changed through replication streams, carried over Redis
+//! pub/sub or direct TCP. This crate lets a Rust process take part: decode
+//! and encode every replication command byte for byte as Synapse 1.163.2
+//! does.
+//!
+//! This crate does no network I/O in its core: it turns bytes into typed
+//! commands and back.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use synapse_replication::wire::{Command, Position, StreamName, Token};
+//!
+//! let line = Bytes::from_static(b"POSITION events master 41 42");
+//! let Some(Command::Position(position)) = Command::decode(line.clone())? else {
+//!     unreachable!("a POSITION line decodes to a POSITION")
+//! };
+//! assert_eq!(position.stream, StreamName::Events);
+//! assert_eq!(position.new_token, Token(42));
+//! assert_eq!(Command::Position(position).to_bytes()?, line);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Panic policy
+//!
+//! No input from a peer makes this crate panic: bad input gives a typed
+//! error. A panic is a bug; please report it.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+pub mod wire;
+
+pub use bytestring::ByteString;
