@@ -3,8 +3,6 @@
 use bytes::Bytes;
 use bytestring::ByteString;
 use nom::bytes::complete::{tag, take_till};
-use nom::character::complete::{char, digit1};
-use nom::combinator::{all_consuming, opt, recognize};
 use nom::{IResult, Parser};
 
 use super::command::{
@@ -79,10 +77,8 @@ impl Decoder {
                 max: self.max_line_len,
             });
         }
-        if line.contains(&b'\n') {
-            return Err(DecodeError::Newline);
-        }
-        if is_blank(&line) {
+        // A line starting with a letter is not blank: skip the scan.
+        if !line.first().is_some_and(u8::is_ascii_alphabetic) && is_blank(&line) {
             return Ok(None);
         }
         decode_command(&line).map(Some)
@@ -104,10 +100,6 @@ pub fn is_blank(line: &[u8]) -> bool {
 
 fn field(input: &[u8]) -> IResult<&[u8], &[u8]> {
     take_till(|b| b == b' ')(input)
-}
-
-fn integer(input: &[u8]) -> IResult<&[u8], &[u8]> {
-    all_consuming(recognize((opt(char('-')), digit1))).parse(input)
 }
 
 /// Splits off the first `N` space-separated fields, like Python's
@@ -184,15 +176,36 @@ fn stream_name(
 }
 
 fn token(command: CommandKind, field: &'static str, value: &[u8]) -> Result<Token, DecodeError> {
-    let invalid = || DecodeError::InvalidToken {
-        command,
-        field,
-        input: snippet(value),
+    parse_i64(value)
+        .map(Token)
+        .ok_or_else(|| DecodeError::InvalidToken {
+            command,
+            field,
+            input: snippet(value),
+        })
+}
+
+/// `-?[0-9]+` within `i64`, and nothing else (no `+`, spaces or `_`).
+fn parse_i64(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, text),
     };
-    let (_, digits) = integer(value).map_err(|_| invalid())?;
-    // `integer` only recognises ASCII, so this is valid UTF-8.
-    let digits = std::str::from_utf8(digits).map_err(|_| invalid())?;
-    digits.parse::<i64>().map(Token).map_err(|_| invalid())
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &byte in digits {
+        let digit = i64::from(byte.checked_sub(b'0').filter(|digit| *digit <= 9)?);
+        // Accumulate on the sign's side so that i64::MIN parses.
+        value = value.checked_mul(10)?;
+        value = if negative {
+            value.checked_sub(digit)?
+        } else {
+            value.checked_add(digit)?
+        };
+    }
+    Some(value)
 }
 
 fn json_field<T: serde::de::DeserializeOwned>(
@@ -200,7 +213,7 @@ fn json_field<T: serde::de::DeserializeOwned>(
     field: &'static str,
     value: &[u8],
 ) -> Result<T, DecodeError> {
-    json::from_slice(value).map_err(|source| DecodeError::InvalidJson {
+    json::from_slice_lossy(value).map_err(|source| DecodeError::InvalidJson {
         command,
         field,
         source,
@@ -214,10 +227,20 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
         None => (&line[..], &line[line.len()..]),
     };
     let Some(kind) = CommandKind::from_name(name_bytes) else {
+        if line.contains(&b'\n') {
+            return Err(DecodeError::Newline);
+        }
         return Err(DecodeError::UnknownCommand {
             name: snippet(name_bytes),
         });
     };
+    if kind == CommandKind::Rdata {
+        // The hot path checks for newlines as it goes.
+        return decode_rdata(line, rest).map(Command::Rdata);
+    }
+    if rest.contains(&b'\n') {
+        return Err(DecodeError::Newline);
+    }
     let simple = |field| text(line, kind, field, rest);
     Ok(match kind {
         CommandKind::Rdata => Command::Rdata(decode_rdata(line, rest)?),
@@ -325,19 +348,38 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
     })
 }
 
+/// The next space-separated field of an RDATA line and what follows it.
+fn rdata_field<'a>(
+    rest: &'a [u8],
+    next: &'static str,
+) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
+    match rest.iter().position(|b| *b == b' ' || *b == b'\n') {
+        Some(end) if rest[end] == b' ' => Ok((&rest[..end], &rest[end + 1..])),
+        Some(_) => Err(DecodeError::Newline),
+        None => Err(DecodeError::MissingField {
+            command: CommandKind::Rdata,
+            field: next,
+        }),
+    }
+}
+
 fn decode_rdata(line: &Bytes, rest: &[u8]) -> Result<Rdata, DecodeError> {
     let kind = CommandKind::Rdata;
-    let [stream, instance, rdata_token, row] =
-        split(kind, ["stream name", "instance name", "token", "row"], rest)?;
+    let (stream, rest) = rdata_field(rest, "instance name")?;
+    let (instance, rest) = rdata_field(rest, "token")?;
+    let (rdata_token, row) = rdata_field(rest, "row")?;
     let token = match rdata_token {
         b"batch" => RdataToken::Batch,
         _ => RdataToken::At(token(kind, "token", rdata_token)?),
     };
-    json::validate_line_part(row).map_err(|source: JsonError| DecodeError::InvalidJson {
-        command: kind,
-        field: "row",
-        source,
-        input: snippet(row),
+    json::validate_row(row).map_err(|source: JsonError| match source {
+        JsonError::Newline => DecodeError::Newline,
+        source => DecodeError::InvalidJson {
+            command: kind,
+            field: "row",
+            source,
+            input: snippet(row),
+        },
     })?;
     Ok(Rdata {
         stream: stream_name(line, kind, stream)?,

@@ -14,7 +14,9 @@
 //!   pass, and fail only when the row is parsed. Lone surrogate escapes (`"\ud800"`) are accepted at this layer, as
 //!   Python accepts them: the row is carried as is, and only a typed decode
 //!   of that string fails (an error for that one row, never for the
-//!   connection).
+//!   connection). In `USER_IP` and `LOCK_RELEASED`, whose JSON is parsed at
+//!   decode, a lone surrogate reads as U+FFFD (and is written back as
+//!   `\ufffd`): the command is kept, one character is not.
 //! - `RDATA` rows are forwarded byte for byte; [`RawRow::canonical`] gives
 //!   Synapse's spelling of a row that arrived in another spelling.
 //! - `USER_IP` and `LOCK_RELEASED` fields must have the types Synapse

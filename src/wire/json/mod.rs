@@ -18,8 +18,10 @@
 use std::io;
 
 use serde::Serialize;
-use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::de::DeserializeOwned;
 use serde_json::ser::{CharEscape, Formatter};
+
+mod validate;
 
 /// A JSON value that could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,14 @@ pub enum JsonError {
     /// The text is not one valid JSON value (as serde_json reports it).
     #[error("invalid JSON: {0}")]
     Syntax(#[from] serde_json::Error),
+    /// The text is not one valid JSON value (found while validating a row).
+    #[error("invalid JSON: {problem} at byte {at}")]
+    Invalid {
+        /// The byte offset where the text stopped being JSON.
+        at: usize,
+        /// What was wrong there.
+        problem: &'static str,
+    },
     /// The JSON text spans several lines, which no wire line may.
     #[error("JSON text contains a newline")]
     Newline,
@@ -39,27 +49,91 @@ pub enum JsonError {
 /// Checks that `bytes` hold exactly one JSON value on one line, without
 /// building it.
 ///
-/// Matches what Synapse's decoder accepts. Validation is iterative, so any
+/// Accepts exactly what serde_json accepts, so it matches what Synapse's
+/// decoder accepts, and checks UTF-8. Validation is iterative, so any
 /// nesting depth is accepted without using stack (parsing a row into values
 /// later refuses nesting beyond 128 levels). Lone surrogate
 /// escapes and numbers beyond `f64` range (`1e400`) are accepted, as in
 /// Python; they fail only when the value is parsed.
 pub fn validate(bytes: &[u8]) -> Result<(), JsonError> {
-    if bytes.contains(&b'\n') {
-        return Err(JsonError::Newline);
-    }
-    validate_line_part(bytes)
+    validate_row(bytes)
 }
 
-/// [`validate`] for a part of a line already known to hold no newline.
-pub(crate) fn validate_line_part(bytes: &[u8]) -> Result<(), JsonError> {
-    serde_json::from_slice::<IgnoredAny>(bytes)?;
-    Ok(())
+/// [`validate`] in one pass: a newline anywhere is [`JsonError::Newline`].
+pub(crate) fn validate_row(bytes: &[u8]) -> Result<(), JsonError> {
+    validate::validate_with(bytes, false).map_err(|invalid| {
+        if bytes.get(invalid.at) == Some(&b'\n') {
+            JsonError::Newline
+        } else {
+            JsonError::Invalid {
+                at: invalid.at,
+                problem: invalid.problem,
+            }
+        }
+    })
 }
 
 /// Parses JSON text into `T`.
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
     Ok(serde_json::from_slice(bytes)?)
+}
+
+/// Parses JSON text into `T`, reading a lone surrogate escape (which Python
+/// writes and reads, and Rust strings cannot hold) as U+FFFD.
+///
+/// Used for the JSON of `USER_IP` and `LOCK_RELEASED`, so that one odd user
+/// agent cannot cost a connection. Text without lone surrogates parses
+/// exactly as with [`from_slice`].
+pub fn from_slice_lossy<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
+    match serde_json::from_slice(bytes) {
+        Ok(value) => Ok(value),
+        Err(error) => match replace_lone_surrogates(bytes) {
+            Some(replaced) => Ok(serde_json::from_slice(&replaced)?),
+            None => Err(error.into()),
+        },
+    }
+}
+
+/// `bytes` with every lone surrogate escape replaced by `\ufffd`, or `None`
+/// if there is none.
+fn replace_lone_surrogates(bytes: &[u8]) -> Option<Vec<u8>> {
+    fn unit(bytes: &[u8], at: usize) -> Option<u16> {
+        let hex = bytes.get(at..at + 6)?;
+        if !hex.starts_with(b"\\u") {
+            return None;
+        }
+        u16::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut replaced = false;
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] != b'\\' {
+            out.push(bytes[at]);
+            at += 1;
+            continue;
+        }
+        let Some(first) = unit(bytes, at) else {
+            // Another escape (or a broken one): copy it, both bytes.
+            out.extend_from_slice(&bytes[at..(at + 2).min(bytes.len())]);
+            at += 2;
+            continue;
+        };
+        let pair = (0xD800..0xDC00).contains(&first)
+            && unit(bytes, at + 6).is_some_and(|second| (0xDC00..0xE000).contains(&second));
+        if pair {
+            out.extend_from_slice(&bytes[at..at + 12]);
+            at += 12;
+        } else if (0xD800..0xE000).contains(&first) {
+            out.extend_from_slice(b"\\ufffd");
+            replaced = true;
+            at += 6;
+        } else {
+            out.extend_from_slice(&bytes[at..at + 6]);
+            at += 6;
+        }
+    }
+    replaced.then_some(out)
 }
 
 /// Encodes `value` as Synapse would.
@@ -255,6 +329,16 @@ mod tests {
             assert!(validate(text.as_bytes()).is_err(), "{text}");
         }
         assert!(serde_json::Number::from_f64(f64::NAN).is_none());
+    }
+
+    #[test]
+    fn lone_surrogates_read_as_replacement_characters() {
+        let text = br#"["a\ud800b","\udfff","\ud83d\ude00","\\ud800"]"#;
+        assert!(from_slice::<Vec<String>>(text).is_err());
+        let read: Vec<String> = from_slice_lossy(text).unwrap();
+        assert_eq!(read, ["a\u{fffd}b", "\u{fffd}", "😀", "\\ud800"]);
+        let plain: Vec<String> = from_slice_lossy(br#"["\u00e9"]"#).unwrap();
+        assert_eq!(plain, ["é"]);
     }
 
     #[test]
