@@ -328,7 +328,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 i64,
             ) = json_field(kind, "JSON data", data)?;
             Command::UserIp(UserIp {
-                user_id: text(line, kind, "user id", user)?,
+                user_id: name(line, kind, "user id", user)?,
                 access_token: access_token.into(),
                 ip: ip.into(),
                 user_agent: user_agent.into(),
