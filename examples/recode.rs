@@ -1,6 +1,10 @@
 //! Reads replication lines on stdin and prints each one re-encoded by the
 //! crate, or `ERR <reason>`; blank lines are echoed blank.
 //!
+//! With `--typed`, each RDATA row is also decoded into its stream's typed
+//! row and the line is re-encoded from that typed value, so a capture can be
+//! checked row by row; other commands behave as without the flag.
+//!
 //! Check the codec against a capture of real traffic:
 //!
 //! ```text
@@ -11,9 +15,18 @@
 use std::io::{self, BufRead, Write};
 
 use bytes::Bytes;
+use synapse_replication::streams;
 use synapse_replication::wire::{Command, is_blank};
 
 fn main() -> io::Result<()> {
+    let typed = match std::env::args().nth(1).as_deref() {
+        None => false,
+        Some("--typed") => true,
+        Some(other) => {
+            eprintln!("usage: recode [--typed] < lines\nunknown argument {other:?}");
+            std::process::exit(2);
+        }
+    };
     let stdin = io::stdin().lock();
     let mut out = io::BufWriter::new(io::stdout().lock());
     for line in stdin.split(b'\n') {
@@ -22,13 +35,23 @@ fn main() -> io::Result<()> {
             out.write_all(b"\n")?;
             continue;
         }
-        match Command::decode(Bytes::from(line)).map(|command| command.map(|c| c.to_bytes())) {
-            Ok(Some(Ok(encoded))) => out.write_all(&encoded)?,
-            Ok(Some(Err(error))) => write!(out, "ERR {error}")?,
-            Ok(None) => {}
+        match recode(Bytes::from(line), typed) {
+            Ok(encoded) => out.write_all(&encoded)?,
             Err(error) => write!(out, "ERR {error}")?,
         }
         out.write_all(b"\n")?;
     }
     out.flush()
+}
+
+fn recode(line: Bytes, typed: bool) -> Result<Bytes, Box<dyn std::error::Error>> {
+    let command = match Command::decode(line)? {
+        Some(Command::Rdata(mut rdata)) if typed => {
+            rdata.row = streams::recode(&rdata)?;
+            Command::Rdata(rdata)
+        }
+        Some(command) => command,
+        None => return Ok(Bytes::new()),
+    };
+    Ok(command.to_bytes()?)
 }

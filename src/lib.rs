@@ -35,6 +35,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod streams;
 pub mod wire;
 
 pub use bytestring::ByteString;
