@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo test --locked "$@"
+cargo test --locked --all-features "$@"
