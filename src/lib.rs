@@ -4,10 +4,16 @@
 //! other what changed through replication streams, carried over Redis
 //! pub/sub or direct TCP. This crate lets a Rust process take part: decode
 //! and encode every replication command byte for byte as Synapse 1.163.2
-//! does.
+//! does, decode each stream's rows, follow streams (positions, batches,
+//! gaps, catch-up) and write the streams the process owns.
 //!
-//! This crate does no network I/O in its core: it turns bytes into typed
-//! commands and back.
+//! This crate does no network I/O in its core: bytes and time go in;
+//! commands, events and bytes to send come out. The layers, bottom up:
+//!
+//! - [`wire`]: one line <-> one [`wire::Command`];
+//! - [`streams`]: the typed row of each stream, decoded on demand;
+//! - [`positions`] and [`writers`]: the [`positions::Follower`] and
+//!   [`positions::Writer`] state machines, and who may write which stream.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -35,7 +41,14 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod positions;
 pub mod streams;
 pub mod wire;
+pub mod writers;
 
 pub use bytestring::ByteString;
+
+/// The README's code, compiled and run as doc tests so that it cannot drift.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

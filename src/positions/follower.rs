@@ -1,0 +1,1435 @@
+//! The follower: per (stream, writer) positions, batches, gaps and catch-up.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+
+use crate::wire::{
+    Command, CommandKind, InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token,
+};
+use crate::writers::{WriterRegistry, Writers};
+
+use super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
+use super::tokens_only_grow;
+
+/// What the application must do, as a [`Follower`] decides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FollowerEvent {
+    /// Rows of one token, to apply together (a batch is never split).
+    ///
+    /// Rows of one (stream, writer) come in strictly increasing token order,
+    /// each exactly once, unless a [`FollowerEvent::Reset`] intervenes.
+    Rows {
+        /// The stream.
+        stream: StreamName,
+        /// The writer that wrote them.
+        writer: InstanceName,
+        /// Their token: the writer's position once they are applied.
+        token: Token,
+        /// The rows, in the order written.
+        rows: Vec<RawRow>,
+        /// Whether they came live or from a catch-up.
+        source: RowSource,
+    },
+    /// The writer's position moved to `token` without rows (a `POSITION`
+    /// with nothing missed, the end of a catch-up, a first position).
+    Position {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The new position.
+        token: Token,
+    },
+    /// Rows were missed: fetch them (see [`CatchUpRequest`]) and answer with
+    /// [`Follower::handle_catch_up`] or [`Follower::catch_up_failed`]. The
+    /// stream's later commands wait until then.
+    CatchUp(CatchUpRequest),
+    /// The writer's stream went backwards (`POSITION` with a new token below
+    /// the current one, on a stream whose tokens may restart: see
+    /// [`tokens_only_grow`](super::tokens_only_grow)). The writer restarted:
+    /// forget what its rows built (Synapse's typing handler clears every
+    /// room). Rows of its new life follow, starting above 0, through a
+    /// catch-up when some were already written.
+    Reset {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The position before the reset.
+        previous: Token,
+        /// The writer's announced position.
+        new: Token,
+    },
+    /// A command from an instance that may not write the stream (or one
+    /// more writer than the limit) was ignored; no state changed.
+    Rejected {
+        /// The stream.
+        stream: StreamName,
+        /// The sender named in the command.
+        instance: InstanceName,
+        /// `RDATA` or `POSITION`.
+        command: CommandKind,
+        /// Why.
+        reason: RejectReason,
+    },
+}
+
+impl fmt::Display for FollowerEvent {
+    /// A one-line summary (rows are counted, not printed).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FollowerEvent::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            } => {
+                write!(
+                    f,
+                    "rows {stream} {writer} {token} ({} rows, {source:?})",
+                    rows.len()
+                )
+            }
+            FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            } => {
+                write!(f, "position {stream} {writer} {token}")
+            }
+            FollowerEvent::CatchUp(request) => write!(f, "{request}"),
+            FollowerEvent::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            } => {
+                write!(f, "reset {stream} {writer} {previous} -> {new}")
+            }
+            FollowerEvent::Rejected {
+                stream,
+                instance,
+                command,
+                reason,
+            } => {
+                write!(f, "rejected {command} {stream} {instance}: {reason}")
+            }
+        }
+    }
+}
+
+/// Where rows came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowSource {
+    /// `RDATA` on the connection.
+    Live,
+    /// A catch-up page.
+    CatchUp,
+}
+
+/// Why a command was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The registry does not list the instance as a writer of the stream.
+    #[error("not a writer of this stream")]
+    NotAWriter,
+    /// The follower already tracks [`FollowerLimits::max_tracked_pairs`]
+    /// (stream, writer) pairs.
+    #[error("too many (stream, writer) pairs tracked")]
+    TooManyWriters,
+}
+
+/// A position that cannot be set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedError {
+    /// The registry refuses the pair.
+    #[error("cannot track {instance} on {stream}: {reason}")]
+    Rejected {
+        /// The stream.
+        stream: StreamName,
+        /// The instance.
+        instance: InstanceName,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// The follower's own rows are not followed (its echoes are ignored).
+    #[error("{0} is this follower's own name")]
+    OwnName(InstanceName),
+    /// A catch-up for the stream is outstanding.
+    #[error("a catch-up for {0} is outstanding")]
+    CatchUpOutstanding(StreamName),
+}
+
+/// Bounds on what a [`Follower`] holds, whatever its input.
+///
+/// When a bound is reached nothing is lost silently: the rows that could
+/// not be held are fetched again through a catch-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowerLimits {
+    /// Commands of one stream held while a catch-up for it is outstanding
+    /// (default 10 000). Beyond, the held commands are folded into one
+    /// summary per writer (its last token, and whether a batch was open),
+    /// which turns into a catch-up up to that token once the current one
+    /// completes.
+    pub max_queued_commands: usize,
+    /// `batch` rows held for one writer until their numbered row (default
+    /// 10 000). Beyond, the batch is dropped and its numbered row triggers a
+    /// catch-up up to its token instead of being applied.
+    pub max_batch_rows: usize,
+    /// Row bytes held in all queues and batches together (default 64 MiB);
+    /// beyond, the same as either limit above.
+    pub max_buffered_bytes: usize,
+    /// (stream, writer) pairs tracked (default 4096). A command that would
+    /// add one more is rejected with [`RejectReason::TooManyWriters`]; see
+    /// [`Follower::forget_writer`].
+    pub max_tracked_pairs: usize,
+}
+
+impl Default for FollowerLimits {
+    fn default() -> Self {
+        FollowerLimits {
+            max_queued_commands: 10_000,
+            max_batch_rows: 10_000,
+            max_buffered_bytes: 64 << 20,
+            max_tracked_pairs: 4096,
+        }
+    }
+}
+
+/// What a [`Follower`] has done, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowerCounters {
+    /// Numbered `RDATA` applied (each gave a [`FollowerEvent::Rows`]).
+    pub rdata_applied: u64,
+    /// Rows delivered, live and caught up.
+    pub rows_delivered: u64,
+    /// `RDATA` not above the writer's position, dropped.
+    pub rdata_stale: u64,
+    /// `RDATA` dropped because no `POSITION` of its writer was processed on
+    /// this connection yet.
+    pub rdata_unconnected: u64,
+    /// `batch` rows dropped (cut batches, stale batches, batches a
+    /// `POSITION` or a disconnection discarded).
+    pub batch_rows_discarded: u64,
+    /// Commands naming this follower as their sender, ignored.
+    pub own_echoes: u64,
+    /// Stream commands received while disconnected, ignored.
+    pub while_disconnected: u64,
+    /// Commands other than `RDATA` and `POSITION`, ignored.
+    pub ignored_commands: u64,
+    /// `POSITION`s processed.
+    pub positions_processed: u64,
+    /// Redundant `POSITION`s dropped (tokens only grow, nothing new).
+    pub positions_discarded: u64,
+    /// Commands rejected (see [`FollowerEvent::Rejected`]).
+    pub rejected: u64,
+    /// Resets (see [`FollowerEvent::Reset`]).
+    pub resets: u64,
+    /// Catch-up requests made (every page and retry counts).
+    pub catch_ups_requested: u64,
+    /// Catch-up pages applied.
+    pub catch_up_pages: u64,
+    /// Catch-ups completed.
+    pub catch_ups_completed: u64,
+    /// Catch-ups asked again after [`Follower::catch_up_failed`].
+    pub catch_up_retries: u64,
+    /// Times a stream's held commands were folded (queue limit reached).
+    pub queue_overflows: u64,
+    /// Times a batch was cut (batch limit reached).
+    pub batch_overflows: u64,
+    /// Held commands dropped because the connection was lost.
+    pub dropped_on_disconnect: u64,
+}
+
+/// Follows replication streams: the positions half of Synapse's
+/// `ReplicationCommandHandler`.
+///
+/// # Call order
+///
+/// 1. Create it with [`Follower::new`], then seed the positions the
+///    application persisted with [`Follower::set_position`]. A writer with
+///    no seeded position starts at the first `POSITION` it announces (rows
+///    before it are not fetched).
+/// 2. Call [`Follower::connected`] when the connection is ready (over
+///    Redis: once the subscription is confirmed), and
+///    [`Follower::disconnected`] when it is lost.
+/// 3. Feed every received command to [`Follower::handle_command`], in the
+///    order received. Only `RDATA` and `POSITION` matter; the rest is
+///    ignored.
+/// 4. After every input, drain [`Follower::poll_event`] until `None` and
+///    act on each event in order: apply rows, record positions, start the
+///    catch-ups asked for.
+/// 5. Answer each [`CatchUpRequest`] exactly once, with
+///    [`Follower::handle_catch_up`] (a page of rows) or
+///    [`Follower::catch_up_failed`] (which asks again), then drain events.
+///    Catch-ups survive disconnections.
+///
+/// # Rules (Synapse's `handler.py`)
+///
+/// - Commands naming this follower as sender are its own echoes: ignored.
+/// - `RDATA` of a writer is dropped until a `POSITION` of that writer was
+///   processed on the current connection.
+/// - `batch` rows wait for their numbered row; `RDATA` not above the
+///   writer's position is stale and dropped (with its batch).
+/// - `POSITION prev new` with `prev <= current <= new`: nothing was missed,
+///   the position becomes `new`. Otherwise rows are missing: a catch-up
+///   from `current` to `new`. For streams whose tokens only grow, a
+///   `POSITION` with `new <= current` changes nothing; for the others it is
+///   a reset (the position restarts from 0).
+/// - While a catch-up for a stream is outstanding, that stream's commands
+///   wait, in order, and are processed when it completes.
+/// - Commands from instances the [`WriterRegistry`] does not list as
+///   writers of the stream are rejected (Synapse does not check this).
+///
+/// Deliberate differences from Synapse: connection state and `batch` rows
+/// are kept per (stream, writer), not per stream, so that a `POSITION` of
+/// one writer neither lets another writer's `RDATA` through before that
+/// writer announced itself, nor discards another writer's open batch; a
+/// reset fetches the rows of the writer's new life (Synapse's catch-up asks
+/// for the empty range `(current, new]`); a batch whose first rows were
+/// dropped (before the writer's `POSITION`, or over a limit) is fetched by a
+/// catch-up instead of being delivered incomplete.
+///
+/// # Performance and memory
+///
+/// The common case (a numbered `RDATA` of a known stream, no catch-up
+/// outstanding) allocates only the event's `Vec` of rows and clones
+/// nothing: the event takes the command's names. Memory is bounded by
+/// [`FollowerLimits`] whatever the input.
+pub struct Follower {
+    own: InstanceName,
+    registry: Arc<dyn WriterRegistry>,
+    streams: Streams,
+    ctx: Ctx,
+}
+
+impl fmt::Debug for Follower {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Follower")
+            .field("own", &self.own)
+            .field("connected", &self.ctx.connected)
+            .field("tracked_pairs", &self.ctx.pairs)
+            .field("buffered_bytes", &self.ctx.buffered_bytes)
+            .field("counters", &self.ctx.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State shared by every stream.
+struct Ctx {
+    limits: FollowerLimits,
+    events: VecDeque<FollowerEvent>,
+    counters: FollowerCounters,
+    connected: bool,
+    /// Incremented on every new connection.
+    epoch: u64,
+    next_id: u64,
+    pairs: usize,
+    buffered_bytes: usize,
+}
+
+impl Ctx {
+    fn next_id(&mut self) -> CatchUpId {
+        self.next_id += 1;
+        CatchUpId(self.next_id)
+    }
+}
+
+struct Streams {
+    /// One per [`StreamName::KNOWN`], in that order.
+    known: Vec<StreamState>,
+    /// Streams this crate does not know, created when a writer of one is
+    /// admitted, removed when their last writer is forgotten.
+    others: Vec<StreamState>,
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Known(usize),
+    Other(usize),
+}
+
+impl Streams {
+    fn slot(&self, stream: &StreamName) -> Option<Slot> {
+        match known_index(stream) {
+            Some(index) => Some(Slot::Known(index)),
+            None => self
+                .others
+                .iter()
+                .position(|s| s.name == *stream)
+                .map(Slot::Other),
+        }
+    }
+
+    fn get(&self, slot: Slot) -> Option<&StreamState> {
+        match slot {
+            Slot::Known(i) => self.known.get(i),
+            Slot::Other(i) => self.others.get(i),
+        }
+    }
+
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut StreamState> {
+        match slot {
+            Slot::Known(i) => self.known.get_mut(i),
+            Slot::Other(i) => self.others.get_mut(i),
+        }
+    }
+
+    fn find(&self, stream: &StreamName) -> Option<&StreamState> {
+        self.slot(stream).and_then(|slot| self.get(slot))
+    }
+
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut StreamState> {
+        self.known.iter_mut().chain(self.others.iter_mut())
+    }
+
+    fn all(&self) -> impl Iterator<Item = &StreamState> {
+        self.known.iter().chain(self.others.iter())
+    }
+
+    fn catch_up_slot(&self, id: CatchUpId) -> Option<Slot> {
+        let has = |s: &StreamState| s.catch_up.as_ref().is_some_and(|c| c.id == id);
+        if let Some(i) = self.known.iter().position(has) {
+            return Some(Slot::Known(i));
+        }
+        self.others.iter().position(has).map(Slot::Other)
+    }
+}
+
+/// The index of a known stream in [`StreamName::KNOWN`], without comparing
+/// strings.
+fn known_index(stream: &StreamName) -> Option<usize> {
+    Some(match stream {
+        StreamName::Events => 0,
+        StreamName::Backfill => 1,
+        StreamName::Presence => 2,
+        StreamName::PresenceFederation => 3,
+        StreamName::Typing => 4,
+        StreamName::Receipts => 5,
+        StreamName::PushRules => 6,
+        StreamName::Pushers => 7,
+        StreamName::Caches => 8,
+        StreamName::DeviceLists => 9,
+        StreamName::ToDevice => 10,
+        StreamName::Federation => 11,
+        StreamName::AccountData => 12,
+        StreamName::ProfileUpdates => 13,
+        StreamName::StickyEvents => 14,
+        StreamName::ThreadSubscriptions => 15,
+        StreamName::UnPartialStatedRoom => 16,
+        StreamName::UnPartialStatedEvent => 17,
+        StreamName::QuarantinedMedia => 18,
+        StreamName::Other(_) => return None,
+    })
+}
+
+/// Up to this many writers per stream, a writer is found by comparing names;
+/// beyond, through a hash map.
+const LINEAR_WRITERS: usize = 8;
+
+struct StreamState {
+    name: StreamName,
+    monotonic: bool,
+    writers: Vec<WriterState>,
+    /// Positions in `writers` by name, once there are more than
+    /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
+    index: Option<HashMap<InstanceName, usize>>,
+    catch_up: Option<CatchUp>,
+    queue: VecDeque<Queued>,
+    /// Entries of `queue` that are commands (not folds).
+    queued_commands: usize,
+}
+
+struct WriterState {
+    /// A copy of the name that shares no buffer with any line.
+    name: InstanceName,
+    position: Option<Token>,
+    /// A `POSITION` of this writer was processed on the current connection
+    /// and no catch-up of it is outstanding.
+    connected: bool,
+    /// Rows of the writer's open batch were lost: its numbered row must be
+    /// fetched rather than applied.
+    batch_cut: bool,
+    batch: Vec<RawRow>,
+    batch_bytes: usize,
+}
+
+impl WriterState {
+    /// Drops the pending batch; returns how many rows it had.
+    fn clear_batch(&mut self, ctx: &mut Ctx) -> usize {
+        let rows = self.batch.len();
+        ctx.buffered_bytes -= self.batch_bytes;
+        ctx.counters.batch_rows_discarded += rows as u64;
+        self.batch_bytes = 0;
+        self.batch = Vec::new();
+        rows
+    }
+}
+
+struct CatchUp {
+    id: CatchUpId,
+    writer: InstanceName,
+    /// Rows above this token are asked for.
+    cursor: Token,
+    to: Token,
+    /// The connection it started on: only then does completing it connect
+    /// the writer.
+    epoch: u64,
+}
+
+enum Queued {
+    Rdata(Rdata),
+    Position(Position),
+    Fold(Fold),
+}
+
+impl Queued {
+    fn bytes(&self) -> usize {
+        match self {
+            Queued::Rdata(rdata) => rdata.row.as_bytes().len(),
+            Queued::Position(_) | Queued::Fold(_) => 0,
+        }
+    }
+}
+
+/// What a writer's folded commands amounted to.
+struct Fold {
+    writer: InstanceName,
+    /// The new token of its first folded `POSITION`.
+    baseline: Option<Token>,
+    /// Its last token: the last `POSITION`'s, or a higher `RDATA`'s.
+    last: Option<Token>,
+    /// Whether its last folded `RDATA` was a `batch` row (`None`: no
+    /// `RDATA` was folded).
+    open_batch: Option<bool>,
+}
+
+impl StreamState {
+    fn new(name: StreamName) -> StreamState {
+        StreamState {
+            monotonic: tokens_only_grow(&name),
+            name,
+            writers: Vec::new(),
+            index: None,
+            catch_up: None,
+            queue: VecDeque::new(),
+            queued_commands: 0,
+        }
+    }
+
+    fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(instance).copied(),
+            None => self.writers.iter().position(|w| w.name == *instance),
+        }
+    }
+
+    fn writer(&self, instance: &InstanceName) -> Option<&WriterState> {
+        self.writer_index(instance)
+            .and_then(|wi| self.writers.get(wi))
+    }
+
+    fn add_writer(&mut self, writer: WriterState) -> usize {
+        let wi = self.writers.len();
+        if let Some(index) = &mut self.index {
+            index.insert(writer.name.clone(), wi);
+        }
+        if wi < LINEAR_WRITERS {
+            // Most streams have one to four writers: no slack.
+            self.writers.reserve_exact(1);
+        }
+        self.writers.push(writer);
+        if self.index.is_none() && self.writers.len() > LINEAR_WRITERS {
+            let index = self
+                .writers
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.name.clone(), i))
+                .collect();
+            self.index = Some(index);
+        }
+        wi
+    }
+
+    fn remove_writer(&mut self, wi: usize) -> Option<WriterState> {
+        if wi >= self.writers.len() {
+            return None;
+        }
+        let removed = self.writers.swap_remove(wi);
+        if let Some(index) = &mut self.index {
+            index.remove(&removed.name);
+            if let Some(moved) = self.writers.get(wi) {
+                index.insert(moved.name.clone(), wi);
+            }
+        }
+        Some(removed)
+    }
+
+    fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let position = match w.position {
+            Some(position) if w.connected => position,
+            _ => {
+                ctx.counters.rdata_unconnected += 1;
+                // Remember whether this writer's open batch lost rows.
+                w.batch_cut = rdata.token.is_batch();
+                return;
+            }
+        };
+        let token = match rdata.token {
+            RdataToken::At(token) => token,
+            RdataToken::Batch => {
+                if w.batch_cut {
+                    ctx.counters.batch_rows_discarded += 1;
+                    return;
+                }
+                let len = rdata.row.as_bytes().len();
+                if w.batch.len() >= ctx.limits.max_batch_rows
+                    || ctx.buffered_bytes.saturating_add(len) > ctx.limits.max_buffered_bytes
+                {
+                    ctx.counters.batch_overflows += 1;
+                    ctx.counters.batch_rows_discarded += 1;
+                    w.clear_batch(ctx);
+                    w.batch_cut = true;
+                    return;
+                }
+                ctx.buffered_bytes += len;
+                w.batch_bytes += len;
+                w.batch.push(rdata.row);
+                return;
+            }
+        };
+        if w.batch_cut {
+            w.batch_cut = false;
+            w.clear_batch(ctx);
+            if token > position {
+                self.start_catch_up(wi, position, token, ctx);
+            } else {
+                ctx.counters.rdata_stale += 1;
+            }
+            return;
+        }
+        if token <= position {
+            ctx.counters.rdata_stale += 1;
+            w.clear_batch(ctx);
+            return;
+        }
+        let rows = if w.batch.is_empty() {
+            vec![rdata.row]
+        } else {
+            ctx.buffered_bytes -= w.batch_bytes;
+            w.batch_bytes = 0;
+            let mut rows = mem::take(&mut w.batch);
+            rows.push(rdata.row);
+            rows
+        };
+        w.position = Some(token);
+        ctx.counters.rdata_applied += 1;
+        ctx.counters.rows_delivered += rows.len() as u64;
+        ctx.events.push_back(FollowerEvent::Rows {
+            stream: rdata.stream,
+            writer: rdata.instance,
+            token,
+            rows,
+            source: RowSource::Live,
+        });
+    }
+
+    /// Whether a `POSITION` can be dropped unseen (Synapse's
+    /// `can_discard_position` on a connected stream).
+    fn discardable(&self, wi: usize, new: Token) -> bool {
+        self.monotonic
+            && self
+                .writers
+                .get(wi)
+                .is_some_and(|w| w.connected && w.position.is_some_and(|p| new <= p))
+    }
+
+    /// `POSITION prev new`, or (`forced`) a fold's summary, which always
+    /// fetches up to `new` what may be missing.
+    fn process_position(
+        &mut self,
+        wi: usize,
+        prev: Token,
+        new: Token,
+        forced: bool,
+        ctx: &mut Ctx,
+    ) {
+        if !forced && self.discardable(wi, new) {
+            ctx.counters.positions_discarded += 1;
+            return;
+        }
+        let monotonic = self.monotonic;
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        ctx.counters.positions_processed += 1;
+        if w.clear_batch(ctx) > 0 {
+            // The batch's numbered row, if it comes, must not be applied alone.
+            w.batch_cut = true;
+        }
+        w.connected = false;
+        let Some(original) = w.position else {
+            // A writer never seen: start from its announced position.
+            w.position = Some(new);
+            w.connected = ctx.connected;
+            self.push_position(wi, new, ctx);
+            return;
+        };
+        let mut current = original;
+        if current > new {
+            if monotonic {
+                // A late POSITION: this stream cannot go backwards.
+                w.connected = ctx.connected;
+                return;
+            }
+            ctx.counters.resets += 1;
+            current = if new > Token(0) { Token(0) } else { new };
+            w.position = Some(current);
+            w.batch_cut = false;
+            ctx.events.push_back(FollowerEvent::Reset {
+                stream: self.name.clone(),
+                writer: w.name.clone(),
+                previous: original,
+                new,
+            });
+        }
+        if current == new || (!forced && prev <= current) {
+            w.position = Some(new);
+            w.connected = ctx.connected;
+            if new != original {
+                self.push_position(wi, new, ctx);
+            }
+            return;
+        }
+        self.start_catch_up(wi, current, new, ctx);
+    }
+
+    /// Reports that writer `wi` reached `token`.
+    fn push_position(&self, wi: usize, token: Token, ctx: &mut Ctx) {
+        if let Some(w) = self.writers.get(wi) {
+            ctx.events.push_back(FollowerEvent::Position {
+                stream: self.name.clone(),
+                writer: w.name.clone(),
+                token,
+            });
+        }
+    }
+
+    fn start_catch_up(&mut self, wi: usize, from: Token, to: Token, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        w.connected = false;
+        let id = ctx.next_id();
+        ctx.counters.catch_ups_requested += 1;
+        self.catch_up = Some(CatchUp {
+            id,
+            writer: w.name.clone(),
+            cursor: from,
+            to,
+            epoch: ctx.epoch,
+        });
+        ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+            id,
+            stream: self.name.clone(),
+            writer: w.name.clone(),
+            from,
+            to,
+        }));
+    }
+
+    fn enqueue(&mut self, item: Queued, ctx: &mut Ctx) {
+        let bytes = item.bytes();
+        if self.queued_commands >= ctx.limits.max_queued_commands
+            || ctx.buffered_bytes.saturating_add(bytes) > ctx.limits.max_buffered_bytes
+        {
+            ctx.counters.queue_overflows += 1;
+            self.fold(item, ctx);
+            return;
+        }
+        ctx.buffered_bytes += bytes;
+        self.queued_commands += 1;
+        self.queue.push_back(item);
+    }
+
+    /// Replaces the queue (and `incoming`) by one summary per writer.
+    fn fold(&mut self, incoming: Queued, ctx: &mut Ctx) {
+        let mut folds: Vec<Fold> = Vec::new();
+        for item in mem::take(&mut self.queue) {
+            ctx.buffered_bytes -= item.bytes();
+            absorb(&mut folds, item);
+        }
+        absorb(&mut folds, incoming);
+        self.queued_commands = 0;
+        self.queue = folds.into_iter().map(Queued::Fold).collect();
+    }
+
+    fn process_fold(&mut self, fold: Fold, ctx: &mut Ctx) {
+        let Some(wi) = self.writer_index(&fold.writer) else {
+            return;
+        };
+        if self.writers.get(wi).is_some_and(|w| w.position.is_none()) {
+            // Its commands before its first POSITION would have been dropped.
+            let Some(baseline) = fold.baseline else {
+                return;
+            };
+            self.process_position(wi, baseline, baseline, false, ctx);
+        }
+        if let Some(last) = fold.last {
+            self.process_position(wi, last, last, true, ctx);
+        }
+        if let (Some(w), Some(open_batch)) = (self.writers.get_mut(wi), fold.open_batch) {
+            w.batch_cut = open_batch;
+        }
+    }
+
+    /// Processes held commands until the queue is empty or a catch-up starts.
+    fn drain(&mut self, ctx: &mut Ctx) {
+        while self.catch_up.is_none() {
+            let Some(item) = self.queue.pop_front() else {
+                break;
+            };
+            ctx.buffered_bytes -= item.bytes();
+            match item {
+                Queued::Rdata(rdata) => {
+                    self.queued_commands -= 1;
+                    if let Some(wi) = self.writer_index(&rdata.instance) {
+                        self.process_rdata(wi, rdata, ctx);
+                    }
+                }
+                Queued::Position(position) => {
+                    self.queued_commands -= 1;
+                    if let Some(wi) = self.writer_index(&position.instance) {
+                        self.process_position(
+                            wi,
+                            position.prev_token,
+                            position.new_token,
+                            false,
+                            ctx,
+                        );
+                    }
+                }
+                Queued::Fold(fold) => self.process_fold(fold, ctx),
+            }
+        }
+    }
+
+    fn finish_catch_up(&mut self, ctx: &mut Ctx) {
+        let Some(catch_up) = self.catch_up.take() else {
+            return;
+        };
+        ctx.counters.catch_ups_completed += 1;
+        if let Some(wi) = self.writer_index(&catch_up.writer) {
+            if let Some(w) = self.writers.get_mut(wi) {
+                w.position = Some(catch_up.to);
+                w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
+            }
+            self.push_position(wi, catch_up.to, ctx);
+        }
+        self.drain(ctx);
+    }
+
+    fn apply_page(&mut self, page: CatchUpPage, ctx: &mut Ctx) -> Result<(), CatchUpError> {
+        let Some(catch_up) = self.catch_up.as_mut() else {
+            return Ok(());
+        };
+        let (id, from, to) = (catch_up.id, catch_up.cursor, catch_up.to);
+        let mut previous: Option<Token> = None;
+        for (token, _) in &page.updates {
+            if *token <= from || *token > to {
+                return Err(CatchUpError::RowOutOfRange {
+                    id,
+                    token: *token,
+                    from,
+                    to,
+                });
+            }
+            if let Some(previous) = previous.filter(|p| token < p) {
+                return Err(CatchUpError::RowsOutOfOrder {
+                    id,
+                    token: *token,
+                    previous,
+                });
+            }
+            previous = Some(*token);
+        }
+        let done = !page.limited || page.upto >= to;
+        if !done && (page.upto <= from || previous.is_some_and(|last| page.upto < last)) {
+            return Err(CatchUpError::NoProgress {
+                id,
+                upto: page.upto,
+                from,
+            });
+        }
+
+        ctx.counters.catch_up_pages += 1;
+        let writer = catch_up.writer.clone();
+        let wi = self.writer_index(&writer);
+        let mut updates = page.updates.into_iter().peekable();
+        while let Some((token, row)) = updates.next() {
+            let mut rows = vec![row];
+            while let Some((_, row)) = updates.next_if(|(next, _)| *next == token) {
+                rows.push(row);
+            }
+            if let Some(w) = wi.and_then(|wi| self.writers.get_mut(wi)) {
+                w.position = Some(token);
+            }
+            ctx.counters.rows_delivered += rows.len() as u64;
+            ctx.events.push_back(FollowerEvent::Rows {
+                stream: self.name.clone(),
+                writer: writer.clone(),
+                token,
+                rows,
+                source: RowSource::CatchUp,
+            });
+        }
+        if done {
+            self.finish_catch_up(ctx);
+        } else if let Some(catch_up) = self.catch_up.as_mut() {
+            catch_up.cursor = page.upto;
+            catch_up.id = ctx.next_id();
+            ctx.counters.catch_ups_requested += 1;
+            ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+                id: catch_up.id,
+                stream: self.name.clone(),
+                writer,
+                from: page.upto,
+                to,
+            }));
+        }
+        Ok(())
+    }
+}
+
+fn absorb(folds: &mut Vec<Fold>, item: Queued) {
+    let fold_for = |folds: &mut Vec<Fold>, writer: &InstanceName| -> usize {
+        match folds.iter().position(|f| f.writer == *writer) {
+            Some(index) => index,
+            None => {
+                folds.push(Fold {
+                    writer: InstanceName::from(writer.as_str()),
+                    baseline: None,
+                    last: None,
+                    open_batch: None,
+                });
+                folds.len() - 1
+            }
+        }
+    };
+    match item {
+        Queued::Rdata(rdata) => {
+            let index = fold_for(folds, &rdata.instance);
+            let Some(fold) = folds.get_mut(index) else {
+                return;
+            };
+            match rdata.token {
+                RdataToken::Batch => fold.open_batch = Some(true),
+                RdataToken::At(token) => {
+                    fold.last = Some(fold.last.map_or(token, |last| last.max(token)));
+                    fold.open_batch = Some(false);
+                }
+            }
+        }
+        Queued::Position(position) => {
+            let index = fold_for(folds, &position.instance);
+            let Some(fold) = folds.get_mut(index) else {
+                return;
+            };
+            // As when processed: the POSITION does not close an open batch.
+            fold.baseline = fold.baseline.or(Some(position.new_token));
+            fold.last = Some(position.new_token);
+        }
+        Queued::Fold(earlier) => {
+            let index = fold_for(folds, &earlier.writer);
+            let Some(fold) = folds.get_mut(index) else {
+                return;
+            };
+            fold.baseline = fold.baseline.or(earlier.baseline);
+            fold.last = earlier.last.or(fold.last);
+            fold.open_batch = earlier.open_batch.or(fold.open_batch);
+        }
+    }
+}
+
+impl Follower {
+    /// A follower named `own_name` (its echoes are ignored), trusting the
+    /// writers `registry` lists, with the default [`FollowerLimits`].
+    pub fn new(own_name: InstanceName, registry: Arc<dyn WriterRegistry>) -> Follower {
+        Follower::with_limits(own_name, registry, FollowerLimits::default())
+    }
+
+    /// A follower with the given limits.
+    pub fn with_limits(
+        own_name: InstanceName,
+        registry: Arc<dyn WriterRegistry>,
+        limits: FollowerLimits,
+    ) -> Follower {
+        Follower {
+            own: own_name,
+            registry,
+            streams: Streams {
+                known: StreamName::KNOWN
+                    .iter()
+                    .cloned()
+                    .map(StreamState::new)
+                    .collect(),
+                others: Vec::new(),
+            },
+            ctx: Ctx {
+                limits,
+                events: VecDeque::new(),
+                counters: FollowerCounters::default(),
+                connected: false,
+                epoch: 0,
+                next_id: 0,
+                pairs: 0,
+                buffered_bytes: 0,
+            },
+        }
+    }
+
+    /// A connection is ready: commands handled from now on belong to it.
+    ///
+    /// Calling it while connected counts as a disconnection first.
+    pub fn connected(&mut self) {
+        if self.ctx.connected {
+            self.disconnected();
+        }
+        self.ctx.epoch += 1;
+        self.ctx.connected = true;
+    }
+
+    /// The connection is lost: every writer must announce itself again
+    /// before its `RDATA` is applied; open batches and commands held behind
+    /// catch-ups are dropped (the `POSITION`s of the next connection bring
+    /// them back through catch-ups). Outstanding catch-ups stay valid.
+    pub fn disconnected(&mut self) {
+        let ctx = &mut self.ctx;
+        ctx.connected = false;
+        for stream in self.streams.all_mut() {
+            for item in stream.queue.drain(..) {
+                ctx.buffered_bytes -= item.bytes();
+                if !matches!(item, Queued::Fold(_)) {
+                    ctx.counters.dropped_on_disconnect += 1;
+                }
+            }
+            stream.queued_commands = 0;
+            for w in &mut stream.writers {
+                w.clear_batch(ctx);
+                w.batch_cut = false;
+                w.connected = false;
+            }
+        }
+    }
+
+    /// Whether a connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.ctx.connected
+    }
+
+    /// Handles one received command. Only `RDATA` and `POSITION` matter.
+    pub fn handle_command(&mut self, command: Command) {
+        match command {
+            Command::Rdata(rdata) => self.handle_rdata(rdata),
+            Command::Position(position) => self.handle_position(position),
+            _ => self.ctx.counters.ignored_commands += 1,
+        }
+    }
+
+    /// Handles one received `RDATA`.
+    pub fn handle_rdata(&mut self, rdata: Rdata) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if rdata.instance == self.own {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        let Some((slot, wi)) =
+            self.pair_or_reject(&rdata.stream, &rdata.instance, CommandKind::Rdata)
+        else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return;
+        };
+        if stream.catch_up.is_some() {
+            stream.enqueue(Queued::Rdata(rdata), &mut self.ctx);
+        } else {
+            stream.process_rdata(wi, rdata, &mut self.ctx);
+        }
+    }
+
+    /// Handles one received `POSITION`.
+    pub fn handle_position(&mut self, position: Position) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if position.instance == self.own {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        let Some((slot, wi)) =
+            self.pair_or_reject(&position.stream, &position.instance, CommandKind::Position)
+        else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return;
+        };
+        if stream.discardable(wi, position.new_token) {
+            self.ctx.counters.positions_discarded += 1;
+        } else if stream.catch_up.is_some() {
+            stream.enqueue(Queued::Position(position), &mut self.ctx);
+        } else {
+            stream.process_position(
+                wi,
+                position.prev_token,
+                position.new_token,
+                false,
+                &mut self.ctx,
+            );
+        }
+    }
+
+    /// The next event, or `None` when there is none. Drain after every input.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<FollowerEvent> {
+        self.ctx.events.pop_front()
+    }
+
+    /// Applies one page of the answer to catch-up `id`.
+    ///
+    /// Rows are delivered grouped by token ([`RowSource::CatchUp`]). A
+    /// `limited` page yields a [`FollowerEvent::CatchUp`] for the next page
+    /// (a new id); the last page moves the writer to the requested `to`
+    /// ([`FollowerEvent::Position`]) and processes the stream's held
+    /// commands. A page that is not consistent with the request is refused
+    /// whole and the request stays outstanding.
+    pub fn handle_catch_up(
+        &mut self,
+        id: CatchUpId,
+        page: CatchUpPage,
+    ) -> Result<(), CatchUpError> {
+        let Some(slot) = self.streams.catch_up_slot(id) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        stream.apply_page(page, &mut self.ctx)
+    }
+
+    /// Catch-up `id` could not be fetched: it is asked again, with a new id
+    /// ([`FollowerEvent::CatchUp`]). The stream's commands keep waiting;
+    /// retrying (and backing off) is the application's choice.
+    pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        let Some(stream) = self
+            .streams
+            .catch_up_slot(id)
+            .and_then(|s| self.streams.get_mut(s))
+        else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let ctx = &mut self.ctx;
+        let Some(catch_up) = stream.catch_up.as_mut() else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        catch_up.id = ctx.next_id();
+        ctx.counters.catch_ups_requested += 1;
+        ctx.counters.catch_up_retries += 1;
+        ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+            id: catch_up.id,
+            stream: stream.name.clone(),
+            writer: catch_up.writer.clone(),
+            from: catch_up.cursor,
+            to: catch_up.to,
+        }));
+        Ok(())
+    }
+
+    /// Sets the position of `writer` on `stream` (one the application
+    /// persisted), before following. The writer must still announce itself
+    /// with a `POSITION` on the connection; rows missed since `token` are
+    /// then caught up.
+    pub fn set_position(
+        &mut self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+    ) -> Result<(), SeedError> {
+        if *writer == self.own {
+            return Err(SeedError::OwnName(writer.clone()));
+        }
+        let (slot, wi) = self
+            .pair(stream, writer)
+            .map_err(|reason| SeedError::Rejected {
+                stream: stream.clone(),
+                instance: writer.clone(),
+                reason,
+            })?;
+        let ctx = &mut self.ctx;
+        let Some(state) = self.streams.get_mut(slot) else {
+            return Ok(());
+        };
+        if state.catch_up.is_some() {
+            return Err(SeedError::CatchUpOutstanding(stream.clone()));
+        }
+        if let Some(w) = state.writers.get_mut(wi) {
+            w.clear_batch(ctx);
+            w.batch_cut = false;
+            w.connected = false;
+            w.position = Some(token);
+        }
+        Ok(())
+    }
+
+    /// Stops tracking `writer` on `stream` (a worker removed from the
+    /// deployment), freeing its slot under
+    /// [`FollowerLimits::max_tracked_pairs`]. Returns `false`, changing
+    /// nothing, if the pair is unknown or a catch-up of its stream is
+    /// outstanding.
+    pub fn forget_writer(&mut self, stream: &StreamName, writer: &InstanceName) -> bool {
+        let Some(slot) = self.streams.slot(stream) else {
+            return false;
+        };
+        let ctx = &mut self.ctx;
+        let Some(state) = self.streams.get_mut(slot) else {
+            return false;
+        };
+        if state.catch_up.is_some() || !state.queue.is_empty() {
+            return false;
+        }
+        let Some(wi) = state.writer_index(writer) else {
+            return false;
+        };
+        let Some(mut removed) = state.remove_writer(wi) else {
+            return false;
+        };
+        removed.clear_batch(ctx);
+        ctx.pairs -= 1;
+        if let Slot::Other(index) = slot {
+            if state.writers.is_empty() {
+                self.streams.others.swap_remove(index);
+            }
+        }
+        true
+    }
+
+    /// The token up to which `writer`'s rows of `stream` were delivered.
+    pub fn position(&self, stream: &StreamName, writer: &InstanceName) -> Option<Token> {
+        self.streams.find(stream)?.writer(writer)?.position
+    }
+
+    /// The token up to which `stream` is complete: the minimum over its
+    /// writers' positions (Synapse's `MultiWriterIdGenerator` persisted
+    /// position, as seen by a process that writes nothing to the stream).
+    ///
+    /// Writers the registry lists whose position is unknown are left out,
+    /// as Synapse assumes a writer it never heard of is at the stream's
+    /// position. `None` when no writer's position is known.
+    pub fn stream_position(&self, stream: &StreamName) -> Option<Token> {
+        let state = self.streams.find(stream)?;
+        match self.registry.writers(stream) {
+            Writers::Only(list) => list
+                .iter()
+                .filter(|name| **name != self.own)
+                .filter_map(|name| state.writer(name)?.position)
+                .min(),
+            _ => state.writers.iter().filter_map(|w| w.position).min(),
+        }
+    }
+
+    /// Whether `writer`'s `RDATA` on `stream` is applied now (it announced
+    /// itself on this connection and no catch-up of it is outstanding).
+    pub fn is_writer_connected(&self, stream: &StreamName, writer: &InstanceName) -> bool {
+        self.streams
+            .find(stream)
+            .and_then(|s| s.writer(writer))
+            .is_some_and(|w| w.connected && self.ctx.connected)
+    }
+
+    /// The catch-ups waiting for an answer (at most one per stream).
+    pub fn outstanding_catch_ups(&self) -> Vec<CatchUpRequest> {
+        self.streams
+            .all()
+            .filter_map(|s| {
+                let c = s.catch_up.as_ref()?;
+                Some(CatchUpRequest {
+                    id: c.id,
+                    stream: s.name.clone(),
+                    writer: c.writer.clone(),
+                    from: c.cursor,
+                    to: c.to,
+                })
+            })
+            .collect()
+    }
+
+    /// Commands of `stream` held behind its catch-up (folded summaries not
+    /// counted).
+    pub fn queued_commands(&self, stream: &StreamName) -> usize {
+        self.streams.find(stream).map_or(0, |s| s.queued_commands)
+    }
+
+    /// Row bytes held in queues and batches.
+    pub fn buffered_bytes(&self) -> usize {
+        self.ctx.buffered_bytes
+    }
+
+    /// (stream, writer) pairs tracked.
+    pub fn tracked_pairs(&self) -> usize {
+        self.ctx.pairs
+    }
+
+    /// What the follower has done so far.
+    pub fn counters(&self) -> &FollowerCounters {
+        &self.ctx.counters
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &FollowerLimits {
+        &self.ctx.limits
+    }
+
+    /// The follower's own instance name.
+    pub fn own_name(&self) -> &InstanceName {
+        &self.own
+    }
+
+    /// Finds the pair, or admits it if the registry agrees.
+    fn pair(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+    ) -> Result<(Slot, usize), RejectReason> {
+        let slot = self.streams.slot(stream);
+        if let Some(wi) = slot
+            .and_then(|s| self.streams.get(s))
+            .and_then(|s| s.writer_index(instance))
+        {
+            if let Some(slot) = slot {
+                return Ok((slot, wi));
+            }
+        }
+        if !self.registry.may_write(stream, instance) {
+            return Err(RejectReason::NotAWriter);
+        }
+        if self.ctx.pairs >= self.ctx.limits.max_tracked_pairs {
+            return Err(RejectReason::TooManyWriters);
+        }
+        let slot = match slot {
+            Some(slot) => slot,
+            None => {
+                // A stored copy, sharing no buffer with the line.
+                self.streams
+                    .others
+                    .push(StreamState::new(StreamName::from(stream.as_str())));
+                Slot::Other(self.streams.others.len() - 1)
+            }
+        };
+        let Some(state) = self.streams.get_mut(slot) else {
+            return Err(RejectReason::NotAWriter);
+        };
+        let wi = state.add_writer(WriterState {
+            name: InstanceName::from(instance.as_str()),
+            position: None,
+            connected: false,
+            batch_cut: false,
+            batch: Vec::new(),
+            batch_bytes: 0,
+        });
+        self.ctx.pairs += 1;
+        Ok((slot, wi))
+    }
+
+    fn pair_or_reject(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+        command: CommandKind,
+    ) -> Option<(Slot, usize)> {
+        match self.pair(stream, instance) {
+            Ok(pair) => Some(pair),
+            Err(reason) => {
+                self.ctx.counters.rejected += 1;
+                self.ctx.events.push_back(FollowerEvent::Rejected {
+                    stream: stream.clone(),
+                    instance: instance.clone(),
+                    command,
+                    reason,
+                });
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_indices_follow_known_order() {
+        for (index, stream) in StreamName::KNOWN.iter().enumerate() {
+            assert_eq!(known_index(stream), Some(index), "{stream}");
+        }
+        assert_eq!(known_index(&StreamName::new("x")), None);
+    }
+
+    #[test]
+    fn many_writers_are_found_through_an_index() {
+        let mut stream = StreamState::new(StreamName::Caches);
+        let new = |name: String| WriterState {
+            name: InstanceName::from(name),
+            position: None,
+            connected: false,
+            batch_cut: false,
+            batch: Vec::new(),
+            batch_bytes: 0,
+        };
+        for i in 0..20 {
+            assert_eq!(stream.add_writer(new(format!("w{i}"))), i);
+            assert_eq!(stream.index.is_some(), i >= LINEAR_WRITERS);
+        }
+        for i in [0, 5, 19, 7] {
+            let wi = stream
+                .writer_index(&InstanceName::from(format!("w{i}")))
+                .unwrap();
+            assert!(stream.remove_writer(wi).is_some());
+        }
+        assert!(stream.remove_writer(100).is_none());
+        for i in 0..20 {
+            let name = InstanceName::from(format!("w{i}"));
+            let found = stream.writer_index(&name);
+            if [0, 5, 19, 7].contains(&i) {
+                assert_eq!(found, None);
+            } else {
+                assert_eq!(stream.writers[found.unwrap()].name, name);
+            }
+        }
+    }
+
+    #[test]
+    fn writer_state_is_small() {
+        // Memory per tracked (stream, writer) pair, before the name's bytes.
+        assert!(
+            mem::size_of::<WriterState>() <= 96,
+            "{}",
+            mem::size_of::<WriterState>()
+        );
+    }
+}

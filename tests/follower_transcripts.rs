@@ -1,0 +1,1183 @@
+//! Transcript tests of the replication core: commands in, events and
+//! commands out, one test per rule of PROTOCOL.md and per case from
+//! Synapse's history.
+//!
+//! A follower transcript is a list of lines: `> ` an input (a wire line, or
+//! a directive starting with `!` or `?`), `< ` an expected output, `#` a
+//! comment. Directives: `!connect`, `!disconnect`, `!seed STREAM WRITER
+//! TOKEN`, `!page N JSON` (answer catch-up #N with Synapse's JSON),
+//! `!failed N`, `!forget STREAM WRITER`, `?pos STREAM WRITER`, `?stream
+//! STREAM`, `?queued STREAM`, `?pairs`, `?connected STREAM WRITER`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+use synapse_replication::positions::{
+    CatchUpId, CatchUpPage, Follower, FollowerEvent, FollowerLimits, RateLimit, RowSource,
+    SeedError, WriteError, Writer, WriterConfig,
+};
+use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
+use synapse_replication::writers::{StreamWriters, WriterRegistry};
+
+/// master, w1, w2 (events and receipts), w3 (typing); Redis, so every
+/// process writes `caches`.
+fn deployment() -> Arc<dyn WriterRegistry> {
+    Arc::new(
+        StreamWriters::from_value(json!({
+            "redis": {"enabled": true},
+            "instance_map": {
+                "main": {"host": "m", "port": 8000},
+                "w1": {"host": "w1", "port": 8001},
+                "w2": {"host": "w2", "port": 8002},
+                "w3": {"host": "w3", "port": 8003},
+            },
+            "stream_writers": {"events": ["w1", "w2"], "receipts": ["w1", "w2"], "typing": "w3"},
+        }))
+        .unwrap(),
+    )
+}
+
+fn name(s: &str) -> InstanceName {
+    InstanceName::from(s)
+}
+
+fn stream(s: &str) -> StreamName {
+    StreamName::from(s)
+}
+
+fn render(event: &FollowerEvent) -> String {
+    match event {
+        FollowerEvent::Rows {
+            stream,
+            writer,
+            token,
+            rows,
+            source,
+        } => {
+            let rows: Vec<&str> = rows.iter().map(RawRow::as_str).collect();
+            let source = if *source == RowSource::CatchUp {
+                " [catch-up]"
+            } else {
+                ""
+            };
+            format!("rows {stream} {writer} {token} {}{source}", rows.join(" "))
+        }
+        FollowerEvent::Position {
+            stream,
+            writer,
+            token,
+        } => {
+            format!("position {stream} {writer} {token}")
+        }
+        FollowerEvent::CatchUp(request) => {
+            format!(
+                "catch-up #{} {} {} ({}, {}]",
+                request.id.get(),
+                request.stream,
+                request.writer,
+                request.from,
+                request.to
+            )
+        }
+        FollowerEvent::Reset {
+            stream,
+            writer,
+            previous,
+            new,
+        } => {
+            format!("reset {stream} {writer} {previous} -> {new}")
+        }
+        FollowerEvent::Rejected {
+            stream,
+            instance,
+            command,
+            reason,
+        } => {
+            format!("rejected {command} {stream} {instance}: {reason}")
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+struct Script {
+    follower: Follower,
+    ids: HashMap<u64, CatchUpId>,
+}
+
+impl Script {
+    fn new(own: &str) -> Script {
+        Script::with(Follower::new(name(own), deployment()))
+    }
+
+    fn with(follower: Follower) -> Script {
+        Script {
+            follower,
+            ids: HashMap::new(),
+        }
+    }
+
+    fn id(&self, n: &str) -> CatchUpId {
+        *self
+            .ids
+            .get(&n.parse::<u64>().unwrap())
+            .unwrap_or_else(|| panic!("no catch-up #{n}"))
+    }
+
+    /// Applies one input; returns the outputs it produced.
+    fn input(&mut self, input: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let f = &mut self.follower;
+        let words: Vec<&str> = input.split(' ').collect();
+        match words[0] {
+            "!connect" => f.connected(),
+            "!disconnect" => f.disconnected(),
+            "!seed" => f
+                .set_position(
+                    &stream(words[1]),
+                    &name(words[2]),
+                    Token(words[3].parse().unwrap()),
+                )
+                .unwrap(),
+            "!page" => {
+                let id = self.id(words[1]);
+                let json = input.splitn(3, ' ').nth(2).unwrap();
+                let page = CatchUpPage::from_json(Bytes::copy_from_slice(json.as_bytes())).unwrap();
+                if let Err(e) = self.follower.handle_catch_up(id, page) {
+                    out.push(format!("error: {e}"));
+                }
+            }
+            "!failed" => {
+                let id = self.id(words[1]);
+                if let Err(e) = self.follower.catch_up_failed(id) {
+                    out.push(format!("error: {e}"));
+                }
+            }
+            "!forget" => {
+                let forgotten = f.forget_writer(&stream(words[1]), &name(words[2]));
+                out.push(format!("forgotten {forgotten}"));
+            }
+            "?pos" => out.push(match f.position(&stream(words[1]), &name(words[2])) {
+                Some(t) => format!("pos {t}"),
+                None => "pos none".to_owned(),
+            }),
+            "?stream" => out.push(match f.stream_position(&stream(words[1])) {
+                Some(t) => format!("stream-pos {t}"),
+                None => "stream-pos none".to_owned(),
+            }),
+            "?queued" => out.push(format!("queued {}", f.queued_commands(&stream(words[1])))),
+            "?pairs" => out.push(format!("pairs {}", f.tracked_pairs())),
+            "?connected" => out.push(format!(
+                "connected {}",
+                f.is_writer_connected(&stream(words[1]), &name(words[2]))
+            )),
+            _ => {
+                let command = Command::decode(Bytes::copy_from_slice(input.as_bytes()))
+                    .unwrap_or_else(|e| panic!("{input}: {e}"))
+                    .unwrap();
+                f.handle_command(command);
+            }
+        }
+        while let Some(event) = self.follower.poll_event() {
+            if let FollowerEvent::CatchUp(request) = &event {
+                self.ids.insert(request.id.get(), request.id);
+            }
+            out.push(render(&event));
+        }
+        out
+    }
+
+    /// Runs a transcript and compares every output line.
+    fn run(&mut self, transcript: &str) {
+        let mut expected = Vec::new();
+        let mut actual = Vec::new();
+        for line in transcript.lines().map(str::trim) {
+            if let Some(input) = line.strip_prefix("> ") {
+                expected.push(line.to_owned());
+                actual.push(line.to_owned());
+                actual.extend(self.input(input).into_iter().map(|o| format!("< {o}")));
+            } else if line.starts_with("< ") {
+                expected.push(line.to_owned());
+            } else {
+                assert!(
+                    line.is_empty() || line.starts_with('#'),
+                    "bad transcript line {line:?}"
+                );
+            }
+        }
+        assert_eq!(actual.join("\n"), expected.join("\n"));
+        self.check_accounting();
+    }
+
+    fn check_accounting(&self) {
+        let f = &self.follower;
+        assert!(f.buffered_bytes() <= f.limits().max_buffered_bytes);
+        assert!(f.tracked_pairs() <= f.limits().max_tracked_pairs);
+    }
+}
+
+fn run(own: &str, transcript: &str) -> Script {
+    let mut script = Script::new(own);
+    script.run(transcript);
+    script
+}
+
+// ---------------------------------------------------------------------------
+// The follower's rules.
+
+#[test]
+fn own_echoes_are_ignored() {
+    let script = run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION caches f1 0 5
+        > RDATA caches f1 6 ["x",null,1]
+        > ?pos caches f1
+        < pos none
+        > ?pairs
+        < pairs 0
+        "#,
+    );
+    assert_eq!(script.follower.counters().own_echoes, 2);
+}
+
+#[test]
+fn rdata_before_a_position_on_this_connection_is_dropped() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed events w1 10
+        > !connect
+        > RDATA events w1 11 ["a"]
+        # w1 has not announced itself on this connection: the row is dropped,
+        # and the POSITION that follows finds it missing.
+        > POSITION events w1 11 11
+        < catch-up #1 events w1 (10, 11]
+        > !page 1 {"updates":[[11,["a"]]],"upto_token":11,"limited":false}
+        < rows events w1 11 ["a"] [catch-up]
+        < position events w1 11
+        > RDATA events w1 12 ["b"]
+        < rows events w1 12 ["b"]
+        # A POSITION of w1 does not let w2's rows through (Synapse tracks
+        # this per stream; we track it per writer).
+        > RDATA events w2 5 ["c"]
+        > ?connected events w2
+        < connected false
+        # A new connection: every writer must announce itself again.
+        > !disconnect
+        > !connect
+        > RDATA events w1 13 ["d"]
+        > POSITION events w1 13 13
+        < catch-up #2 events w1 (12, 13]
+        "#,
+    );
+    assert_eq!(script.follower.counters().rdata_unconnected, 3);
+}
+
+#[test]
+fn stale_and_duplicate_rdata_is_dropped_with_its_batch() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed receipts w1 0
+        > !connect
+        > POSITION receipts w1 0 0
+        > RDATA receipts w1 1 ["r1"]
+        < rows receipts w1 1 ["r1"]
+        > RDATA receipts w1 1 ["r1"]
+        > RDATA receipts w1 batch ["old"]
+        > RDATA receipts w1 0 ["older"]
+        > RDATA receipts w1 2 ["r2"]
+        < rows receipts w1 2 ["r2"]
+        "#,
+    );
+    let counters = script.follower.counters();
+    assert_eq!(counters.rdata_stale, 2);
+    assert_eq!(counters.batch_rows_discarded, 1);
+    assert_eq!(script.follower.buffered_bytes(), 0);
+}
+
+#[test]
+fn batches_are_held_per_writer_until_their_numbered_row() {
+    run(
+        "f1",
+        r#"
+        > !seed events w1 0
+        > !seed events w2 0
+        > !connect
+        > POSITION events w1 0 0
+        > POSITION events w2 0 0
+        > RDATA events w1 batch ["a1"]
+        > RDATA events w2 batch ["b1"]
+        > RDATA events w1 batch ["a2"]
+        > RDATA events w2 2 ["b2"]
+        < rows events w2 2 ["b1"] ["b2"]
+        > RDATA events w1 1 ["a3"]
+        < rows events w1 1 ["a1"] ["a2"] ["a3"]
+        > ?stream events
+        < stream-pos 1
+        "#,
+    );
+}
+
+#[test]
+fn position_with_nothing_missed_advances() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed to_device master 5
+        > !connect
+        > POSITION to_device master 3 8
+        < position to_device master 8
+        # redundant: tokens of to_device only grow
+        > POSITION to_device master 8 8
+        > POSITION to_device master 8 9
+        < position to_device master 9
+        "#,
+    );
+    assert_eq!(script.follower.counters().positions_discarded, 1);
+}
+
+#[test]
+fn a_gap_is_caught_up_in_pages_while_the_stream_waits() {
+    run(
+        "f1",
+        r#"
+        > !seed events w1 10
+        > !connect
+        > POSITION events w1 10 10
+        > RDATA events w1 11 ["a"]
+        < rows events w1 11 ["a"]
+        > POSITION events w1 14 20
+        < catch-up #1 events w1 (11, 20]
+        # the stream's commands wait, in order, whatever their writer
+        > RDATA events w1 21 ["live1"]
+        > RDATA events w1 batch ["live2a"]
+        > RDATA events w1 22 ["live2b"]
+        > POSITION events w2 0 3
+        > ?queued events
+        < queued 4
+        # other streams do not wait
+        > POSITION caches master 0 0
+        < position caches master 0
+        > !page 1 {"updates":[[12,["b"]],[12,["c"]],[15,["d"]]],"upto_token":15,"limited":true}
+        < rows events w1 12 ["b"] ["c"] [catch-up]
+        < rows events w1 15 ["d"] [catch-up]
+        < catch-up #2 events w1 (15, 20]
+        > !page 1 {"updates":[],"upto_token":20,"limited":false}
+        < error: no outstanding catch-up #1
+        > !page 2 {"updates":[[20,["e"]]],"upto_token":20,"limited":false}
+        < rows events w1 20 ["e"] [catch-up]
+        < position events w1 20
+        < rows events w1 21 ["live1"]
+        < rows events w1 22 ["live2a"] ["live2b"]
+        < position events w2 3
+        > ?queued events
+        < queued 0
+        "#,
+    );
+}
+
+#[test]
+fn a_writer_restart_resets_typing() {
+    run(
+        "f1",
+        r#"
+        > !seed typing w3 500
+        > !connect
+        > POSITION typing w3 500 500
+        > RDATA typing w3 501 ["!r:x",["@a:x"]]
+        < rows typing w3 501 ["!r:x",["@a:x"]]
+        # w3 restarted: its typing tokens start again from 0
+        > POSITION typing w3 0 0
+        < reset typing w3 501 -> 0
+        < position typing w3 0
+        > RDATA typing w3 1 ["!r:x",[]]
+        < rows typing w3 1 ["!r:x",[]]
+        "#,
+    );
+}
+
+#[test]
+fn a_reset_fetches_the_rows_of_the_new_life() {
+    run(
+        "f1",
+        r#"
+        > !seed typing w3 500
+        > !connect
+        > POSITION typing w3 500 500
+        # w3 restarted and wrote up to 3 before we heard of it
+        > POSITION typing w3 3 3
+        < reset typing w3 500 -> 3
+        < catch-up #1 typing w3 (0, 3]
+        > !page 1 {"updates":[[2,["!r:x",["@b:x"]]]],"upto_token":3,"limited":false}
+        < rows typing w3 2 ["!r:x",["@b:x"]] [catch-up]
+        < position typing w3 3
+        > RDATA typing w3 4 ["!r:x",[]]
+        < rows typing w3 4 ["!r:x",[]]
+        "#,
+    );
+}
+
+#[test]
+fn streams_whose_tokens_only_grow_never_reset() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed events w1 100
+        > !connect
+        # a late POSITION: processed (w1 not yet announced) but changes nothing
+        > POSITION events w1 50 50
+        > RDATA events w1 101 ["a"]
+        < rows events w1 101 ["a"]
+        > POSITION events w1 60 60
+        > ?pos events w1
+        < pos 101
+        "#,
+    );
+    assert_eq!(script.follower.counters().resets, 0);
+}
+
+#[test]
+fn commands_from_non_writers_are_rejected_and_change_nothing() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed events w1 4
+        > !connect
+        > RDATA events mallory 1 ["x"]
+        < rejected RDATA events mallory: not a writer of this stream
+        > POSITION typing w1 0 5
+        < rejected POSITION typing w1: not a writer of this stream
+        > POSITION events master 0 9
+        < rejected POSITION events master: not a writer of this stream
+        > POSITION org.example.new w1 0 5
+        < rejected POSITION org.example.new w1: not a writer of this stream
+        > ?pairs
+        < pairs 1
+        > ?pos events w1
+        < pos 4
+        # streams this crate does not know are master's, and pass through
+        > POSITION org.example.new master 0 0
+        < position org.example.new master 0
+        > RDATA org.example.new master 1 {"any":["shape"]}
+        < rows org.example.new master 1 {"any":["shape"]}
+        > ?pairs
+        < pairs 2
+        "#,
+    );
+    assert_eq!(script.follower.counters().rejected, 4);
+}
+
+#[test]
+fn tracked_pairs_are_bounded() {
+    let mut limits = FollowerLimits::default();
+    limits.max_tracked_pairs = 2;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !connect
+        > POSITION caches a 0 1
+        < position caches a 1
+        > POSITION caches b 0 1
+        < position caches b 1
+        > POSITION caches c 0 1
+        < rejected POSITION caches c: too many (stream, writer) pairs tracked
+        > RDATA caches c 2 ["f",null,1]
+        < rejected RDATA caches c: too many (stream, writer) pairs tracked
+        > !forget caches a
+        < forgotten true
+        > POSITION caches c 0 1
+        < position caches c 1
+        > ?pairs
+        < pairs 2
+        "#,
+    );
+    // Many names: memory does not grow.
+    for i in 0..1000 {
+        script.follower.handle_command(
+            Command::decode(Bytes::from(format!("POSITION caches n{i} 0 1")))
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(script.follower.tracked_pairs(), 2);
+}
+
+#[test]
+fn commands_while_disconnected_and_other_commands_are_ignored() {
+    let script = run(
+        "f1",
+        r#"
+        > POSITION events w1 0 5
+        > !connect
+        > PING 123
+        > REPLICATE
+        > ?pos events w1
+        < pos none
+        "#,
+    );
+    assert_eq!(script.follower.counters().while_disconnected, 1);
+    assert_eq!(script.follower.counters().ignored_commands, 2);
+}
+
+#[test]
+fn catch_up_answers_that_do_not_fit_are_refused_whole() {
+    run(
+        "f1",
+        r#"
+        > !seed events w1 10
+        > !connect
+        > POSITION events w1 12 20
+        < catch-up #1 events w1 (10, 20]
+        > !page 1 {"updates":[[10,["x"]]],"upto_token":20,"limited":false}
+        < error: catch-up #1: row token 10 outside (10, 20]
+        > !page 1 {"updates":[[21,["x"]]],"upto_token":21,"limited":false}
+        < error: catch-up #1: row token 21 outside (10, 20]
+        > !page 1 {"updates":[[15,["x"]],[12,["y"]]],"upto_token":20,"limited":false}
+        < error: catch-up #1: row token 12 after 15
+        > !page 1 {"updates":[],"upto_token":10,"limited":true}
+        < error: catch-up #1: limited page with upto 10 does not advance past 10 and its rows
+        > !page 1 {"updates":[[15,["x"]]],"upto_token":14,"limited":true}
+        < error: catch-up #1: limited page with upto 14 does not advance past 10 and its rows
+        > ?pos events w1
+        < pos 10
+        > !failed 1
+        < catch-up #2 events w1 (10, 20]
+        > !page 1 {"updates":[],"upto_token":20,"limited":false}
+        < error: no outstanding catch-up #1
+        > !failed 1
+        < error: no outstanding catch-up #1
+        > !page 2 {"updates":[],"upto_token":20,"limited":false}
+        < position events w1 20
+        "#,
+    );
+}
+
+#[test]
+fn a_full_queue_is_folded_and_nothing_is_lost() {
+    let mut limits = FollowerLimits::default();
+    limits.max_queued_commands = 3;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !seed events w1 0
+        > !seed events w2 0
+        > !connect
+        > POSITION events w1 0 0
+        > POSITION events w2 0 0
+        > POSITION events w1 2 5
+        < catch-up #1 events w1 (0, 5]
+        > RDATA events w1 6 ["a6"]
+        > RDATA events w2 1 ["b1"]
+        > RDATA events w2 batch ["b2a"]
+        # the fourth held command overflows: the queue becomes one summary
+        # per writer (w1 up to 7; w2 up to 1, a batch open)
+        > RDATA events w1 7 ["a7"]
+        > ?queued events
+        < queued 0
+        > RDATA events w2 batch ["b2b"]
+        > RDATA events w2 2 ["b2c"]
+        > RDATA events w2 3 ["b3"]
+        > !page 1 {"updates":[[3,["a3"]]],"upto_token":5,"limited":false}
+        < rows events w1 3 ["a3"] [catch-up]
+        < position events w1 5
+        < catch-up #2 events w1 (5, 7]
+        > !page 2 {"updates":[[6,["a6"]],[7,["a7"]]],"upto_token":7,"limited":false}
+        < rows events w1 6 ["a6"] [catch-up]
+        < rows events w1 7 ["a7"] [catch-up]
+        < position events w1 7
+        < catch-up #3 events w2 (0, 1]
+        > !page 3 {"updates":[[1,["b1"]]],"upto_token":1,"limited":false}
+        < rows events w2 1 ["b1"] [catch-up]
+        < position events w2 1
+        # the batch of token 2 lost its first row in the fold: fetched whole
+        < catch-up #4 events w2 (1, 2]
+        > !page 4 {"updates":[[2,["b2a"]],[2,["b2b"]],[2,["b2c"]]],"upto_token":2,"limited":false}
+        < rows events w2 2 ["b2a"] ["b2b"] ["b2c"] [catch-up]
+        < position events w2 2
+        < rows events w2 3 ["b3"]
+        "#,
+    );
+    assert_eq!(script.follower.counters().queue_overflows, 1);
+    assert_eq!(script.follower.buffered_bytes(), 0);
+}
+
+#[test]
+fn a_full_batch_is_cut_and_fetched_whole() {
+    let mut limits = FollowerLimits::default();
+    limits.max_batch_rows = 2;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !seed caches master 0
+        > !connect
+        > POSITION caches master 0 0
+        > RDATA caches master batch ["a"]
+        > RDATA caches master batch ["b"]
+        > RDATA caches master batch ["c"]
+        > RDATA caches master batch ["d"]
+        > RDATA caches master 1 ["e"]
+        < catch-up #1 caches master (0, 1]
+        > RDATA caches master 2 ["f"]
+        > !page 1 {"updates":[[1,["a"]],[1,["b"]],[1,["c"]],[1,["d"]],[1,["e"]]],"upto_token":1,"limited":false}
+        < rows caches master 1 ["a"] ["b"] ["c"] ["d"] ["e"] [catch-up]
+        < position caches master 1
+        < rows caches master 2 ["f"]
+        "#,
+    );
+    assert_eq!(script.follower.counters().batch_overflows, 1);
+    assert_eq!(script.follower.buffered_bytes(), 0);
+}
+
+#[test]
+fn the_byte_budget_bounds_batches_and_queues() {
+    let mut limits = FollowerLimits::default();
+    limits.max_buffered_bytes = 20;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !seed caches master 0
+        > !connect
+        > POSITION caches master 0 0
+        > RDATA caches master batch ["0123456789"]
+        > ?pairs
+        < pairs 1
+        > RDATA caches master batch ["0123456789"]
+        > RDATA caches master 1 ["x"]
+        < catch-up #1 caches master (0, 1]
+        > RDATA caches master 2 ["0123456789"]
+        > ?queued caches
+        < queued 1
+        # over budget: 2 and 3 are folded into "up to 3"
+        > RDATA caches master 3 ["0123456789"]
+        > ?queued caches
+        < queued 0
+        > !page 1 {"updates":[[1,["0123456789"]],[1,["0123456789"]],[1,["x"]]],"upto_token":1,"limited":false}
+        < rows caches master 1 ["0123456789"] ["0123456789"] ["x"] [catch-up]
+        < position caches master 1
+        < catch-up #2 caches master (1, 3]
+        "#,
+    );
+}
+
+#[test]
+fn a_disconnection_during_a_catch_up_drops_what_waited() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed events w1 0
+        > !connect
+        > POSITION events w1 2 3
+        < catch-up #1 events w1 (0, 3]
+        > RDATA events w1 4 ["d"]
+        > !disconnect
+        > !connect
+        > RDATA events w1 5 ["e"]
+        # the catch-up is still good; w1 must announce itself again
+        > !page 1 {"updates":[[1,["a"]]],"upto_token":3,"limited":false}
+        < rows events w1 1 ["a"] [catch-up]
+        < position events w1 3
+        > ?connected events w1
+        < connected false
+        > POSITION events w1 5 5
+        < catch-up #2 events w1 (3, 5]
+        "#,
+    );
+    assert_eq!(script.follower.counters().dropped_on_disconnect, 1);
+    assert_eq!(script.follower.counters().rdata_unconnected, 1);
+}
+
+#[test]
+fn a_first_position_of_an_unknown_writer_is_adopted() {
+    run(
+        "f1",
+        r#"
+        > !connect
+        > RDATA receipts w2 7 ["x"]
+        > POSITION receipts w2 7 7
+        < position receipts w2 7
+        > RDATA receipts w2 8 ["y"]
+        < rows receipts w2 8 ["y"]
+        "#,
+    );
+}
+
+#[test]
+fn stream_position_is_the_minimum_over_writers() {
+    let mut script = Script::new("f1");
+    script.run(
+        r#"
+        > ?stream events
+        < stream-pos none
+        > !seed events w1 5
+        > ?stream events
+        < stream-pos 5
+        > !seed events w2 3
+        > ?stream events
+        < stream-pos 3
+        > !connect
+        > POSITION events w2 3 9
+        < position events w2 9
+        > ?stream events
+        < stream-pos 5
+        > POSITION caches a 0 4
+        < position caches a 4
+        > POSITION caches b 0 2
+        < position caches b 2
+        > ?stream caches
+        < stream-pos 2
+        "#,
+    );
+}
+
+#[test]
+fn seeding_refuses_what_cannot_be_tracked() {
+    let mut f = Follower::new(name("w1"), deployment());
+    assert!(matches!(
+        f.set_position(&StreamName::Events, &name("w1"), Token(1)),
+        Err(SeedError::OwnName(_))
+    ));
+    assert!(matches!(
+        f.set_position(&StreamName::Typing, &name("w2"), Token(1)),
+        Err(SeedError::Rejected { .. })
+    ));
+    f.set_position(&StreamName::Events, &name("w2"), Token(1))
+        .unwrap();
+    f.connected();
+    f.handle_command(
+        Command::decode(Bytes::from_static(b"POSITION events w2 5 6"))
+            .unwrap()
+            .unwrap(),
+    );
+    assert!(matches!(f.poll_event(), Some(FollowerEvent::CatchUp(_))));
+    assert!(matches!(
+        f.set_position(&StreamName::Events, &name("w2"), Token(1)),
+        Err(SeedError::CatchUpOutstanding(_))
+    ));
+    assert!(!f.forget_writer(&StreamName::Events, &name("w2")));
+    assert_eq!(f.outstanding_catch_ups().len(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Cases from Synapse's history.
+
+#[test]
+fn history_batch_cut_by_a_disconnect() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed caches master 7
+        > !connect
+        > POSITION caches master 7 7
+        > RDATA caches master batch ["a",null,1]
+        > RDATA caches master batch ["b",null,1]
+        > !disconnect
+        > !connect
+        # the batch's last rows went out while we were away
+        > RDATA caches master 9 ["c",null,2]
+        > POSITION caches master 9 9
+        < catch-up #1 caches master (7, 9]
+        > !page 1 {"updates":[[8,["a",null,1]],[8,["b",null,1]],[8,["z",null,1]],[9,["c",null,2]]],"upto_token":9,"limited":false}
+        < rows caches master 8 ["a",null,1] ["b",null,1] ["z",null,1] [catch-up]
+        < rows caches master 9 ["c",null,2] [catch-up]
+        < position caches master 9
+        "#,
+    );
+    assert_eq!(script.follower.counters().batch_rows_discarded, 2);
+}
+
+#[test]
+fn history_a_batch_whose_first_rows_came_before_the_position() {
+    run(
+        "f1",
+        r#"
+        > !seed caches master 7
+        > !connect
+        > RDATA caches master batch ["a"]
+        > POSITION caches master 7 7
+        # applying the numbered row alone would lose ["a"]: fetch the batch
+        > RDATA caches master 8 ["b"]
+        < catch-up #1 caches master (7, 8]
+        "#,
+    );
+}
+
+#[test]
+fn history_duplicated_and_reordered_commands_across_writers() {
+    run(
+        "f1",
+        r#"
+        > !seed events w1 0
+        > !seed events w2 0
+        > !connect
+        > POSITION events w2 0 0
+        > POSITION events w1 0 0
+        > RDATA events w2 2 ["w2-2"]
+        < rows events w2 2 ["w2-2"]
+        > RDATA events w1 1 ["w1-1"]
+        < rows events w1 1 ["w1-1"]
+        > RDATA events w2 2 ["w2-2"]
+        > RDATA events w2 4 ["w2-4"]
+        < rows events w2 4 ["w2-4"]
+        > RDATA events w1 1 ["w1-1"]
+        > POSITION events w2 0 0
+        > RDATA events w1 3 ["w1-3"]
+        < rows events w1 3 ["w1-3"]
+        > POSITION events w1 3 5
+        < position events w1 5
+        > POSITION events w1 3 5
+        > RDATA events w1 3 ["w1-3"]
+        > ?stream events
+        < stream-pos 4
+        "#,
+    );
+}
+
+#[test]
+fn history_a_position_storm_from_20_writers() {
+    let mut f = Follower::new(name("f1"), deployment());
+    for i in 0..20 {
+        f.set_position(&StreamName::Caches, &name(&format!("c{i:02}")), Token(0))
+            .unwrap();
+    }
+    f.connected();
+    // Three rounds of every writer answering REPLICATE; writer i says it
+    // wrote nothing between i/2 and i, so from c02 on rows are missing.
+    for _ in 0..3 {
+        for i in 0..20 {
+            let line = format!("POSITION caches c{i:02} {} {i}", i / 2);
+            f.handle_command(Command::decode(Bytes::from(line)).unwrap().unwrap());
+        }
+    }
+    let mut caught_up = 0;
+    loop {
+        let mut requests = Vec::new();
+        while let Some(event) = f.poll_event() {
+            if let FollowerEvent::CatchUp(request) = event {
+                requests.push(request);
+            }
+        }
+        // One catch-up at a time per stream.
+        assert!(requests.len() <= 1);
+        let Some(request) = requests.pop() else { break };
+        assert_eq!(request.from, Token(0));
+        assert_eq!(f.outstanding_catch_ups(), vec![request.clone()]);
+        let page = CatchUpPage {
+            updates: Vec::new(),
+            upto: request.to,
+            limited: false,
+        };
+        f.handle_catch_up(request.id, page).unwrap();
+        caught_up += 1;
+    }
+    assert_eq!(caught_up, 18);
+    for i in 0..20 {
+        assert_eq!(
+            f.position(&StreamName::Caches, &name(&format!("c{i:02}"))),
+            Some(Token(i))
+        );
+        assert!(f.is_writer_connected(&StreamName::Caches, &name(&format!("c{i:02}"))));
+    }
+    assert_eq!(f.stream_position(&StreamName::Caches), Some(Token(0)));
+    assert_eq!(f.counters().positions_discarded, 40);
+    assert_eq!(f.tracked_pairs(), 20);
+}
+
+#[test]
+fn history_replicate_before_subscription() {
+    let registry = deployment();
+    let t0 = Instant::now();
+    let mut w1 = Writer::new(name("w1"), registry.clone());
+    w1.advance(&StreamName::Events, Token(10)).unwrap();
+    w1.connected(t0);
+    let lost: Vec<Command> = std::iter::from_fn(|| w1.poll_command()).collect();
+    assert_eq!(
+        lost.len(),
+        1,
+        "w1's announcement, made before f1 subscribed"
+    );
+
+    let mut f1_writer = Writer::new(name("f1"), registry.clone());
+    let mut f1 = Follower::new(name("f1"), registry);
+    f1.set_position(&StreamName::Events, &name("w1"), Token(10))
+        .unwrap();
+    // The bug: REPLICATE published before the subscription was confirmed.
+    f1_writer.connected(t0);
+    f1_writer.request_replicate(t0);
+    assert_eq!(f1_writer.poll_command(), Some(Command::Replicate));
+    w1.handle_replicate(t0);
+    let answers: Vec<Command> = std::iter::from_fn(|| w1.poll_command()).collect();
+    assert_eq!(
+        answers.len(),
+        1,
+        "answered, but f1 is not subscribed yet: lost"
+    );
+    f1.connected();
+
+    // w1's rows are dropped: it never announced itself on f1's connection.
+    w1.write(
+        &StreamName::Events,
+        Token(11),
+        [(Token(11), RawRow::new(&b"[1]"[..]).unwrap())],
+    )
+    .unwrap();
+    while let Some(command) = w1.poll_command() {
+        f1.handle_command(command);
+    }
+    assert_eq!(f1.poll_event(), None);
+    assert!(!f1.is_writer_connected(&StreamName::Events, &name("w1")));
+
+    // Asking again (rate limited: one second later) heals it.
+    let t1 = t0 + Duration::from_millis(100);
+    f1_writer.request_replicate(t1);
+    assert_eq!(f1_writer.poll_command(), None);
+    let due = f1_writer.poll_timeout().unwrap();
+    assert_eq!(due, t0 + Duration::from_secs(1));
+    f1_writer.handle_timeout(due);
+    assert_eq!(f1_writer.poll_command(), Some(Command::Replicate));
+    w1.handle_replicate(due);
+    while let Some(command) = w1.poll_command() {
+        f1.handle_command(command);
+    }
+    let Some(FollowerEvent::CatchUp(request)) = f1.poll_event() else {
+        panic!()
+    };
+    assert_eq!((request.from, request.to), (Token(10), Token(11)));
+    assert_eq!(
+        request.path("txn"),
+        "/_synapse/replication/get_repl_stream_updates/events/txn?from_token=10&upto_token=11"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The writer.
+
+fn lines(writer: &mut Writer) -> Vec<String> {
+    std::iter::from_fn(|| writer.poll_command())
+        .map(|c| String::from_utf8(c.to_bytes().unwrap().to_vec()).unwrap())
+        .collect()
+}
+
+fn row(json: &str) -> RawRow {
+    RawRow::new(Bytes::copy_from_slice(json.as_bytes())).unwrap()
+}
+
+#[test]
+fn writer_batches_rows_as_synapse_and_follows_with_a_position() {
+    let mut w = Writer::new(InstanceName::master(), deployment());
+    w.advance(&StreamName::Caches, Token(0)).unwrap();
+    w.connected(Instant::now());
+    assert_eq!(lines(&mut w), ["POSITION caches master 0 0"]);
+    let updates = [
+        (1, "[\"a\"]"),
+        (1, "[\"b\"]"),
+        (2, "[\"c\"]"),
+        (3, "[\"d\"]"),
+        (3, "[\"e\"]"),
+    ]
+    .map(|(t, r)| (Token(t), row(r)));
+    w.write(&StreamName::Caches, Token(5), updates).unwrap();
+    assert_eq!(
+        lines(&mut w),
+        [
+            r#"RDATA caches master batch ["a"]"#,
+            r#"RDATA caches master 1 ["b"]"#,
+            r#"RDATA caches master 2 ["c"]"#,
+            r#"RDATA caches master batch ["d"]"#,
+            r#"RDATA caches master 3 ["e"]"#,
+            "POSITION caches master 3 5",
+        ]
+    );
+    // Current equal to the last row: no POSITION.
+    w.write(&StreamName::Caches, Token(6), [(Token(6), row("[1]"))])
+        .unwrap();
+    assert_eq!(lines(&mut w), [r#"RDATA caches master 6 [1]"#]);
+    assert_eq!(w.position(&StreamName::Caches), Some(Token(6)));
+}
+
+#[test]
+fn writer_sends_a_position_when_the_token_moves_without_rows() {
+    let mut w = Writer::new(InstanceName::master(), deployment());
+    w.connected(Instant::now());
+    assert_eq!(lines(&mut w), Vec::<String>::new());
+    w.advance(&StreamName::Pushers, Token(5)).unwrap();
+    assert_eq!(lines(&mut w), ["POSITION pushers master 5 5"]);
+    w.advance(&StreamName::Pushers, Token(7)).unwrap();
+    w.advance(&StreamName::Pushers, Token(7)).unwrap();
+    w.write(&StreamName::Pushers, Token(9), []).unwrap();
+    assert_eq!(
+        lines(&mut w),
+        ["POSITION pushers master 5 7", "POSITION pushers master 7 9"]
+    );
+    assert!(matches!(
+        w.advance(&StreamName::Pushers, Token(8)),
+        Err(WriteError::CurrentTooLow { .. })
+    ));
+}
+
+#[test]
+fn writer_refuses_streams_it_does_not_write_and_bad_tokens() {
+    let mut w = Writer::new(InstanceName::master(), deployment());
+    w.connected(Instant::now());
+    let err = w
+        .write(&StreamName::Typing, Token(1), [(Token(1), row("[]"))])
+        .unwrap_err();
+    assert_eq!(err.to_string(), "master is not a writer of stream typing");
+    assert!(matches!(
+        w.advance(&StreamName::Events, Token(1)),
+        Err(WriteError::NotAWriter { .. })
+    ));
+    assert!(w.position(&StreamName::Typing).is_none());
+
+    w.advance(&StreamName::Pushers, Token(5)).unwrap();
+    let _ = lines(&mut w);
+    for (current, updates, expected) in [
+        (
+            6,
+            vec![(5, "[]")],
+            "row token 5 is not above the last token sent, 5",
+        ),
+        (8, vec![(7, "[]"), (6, "[]")], "row token 6 after 7"),
+        (6, vec![(7, "[]")], "current token 6 is below 7"),
+    ] {
+        let updates = updates.into_iter().map(|(t, r)| (Token(t), row(r)));
+        let err = w
+            .write(&StreamName::Pushers, Token(current), updates)
+            .unwrap_err();
+        assert!(err.to_string().ends_with(expected), "{err}");
+    }
+    assert_eq!(lines(&mut w), Vec::<String>::new(), "nothing sent");
+    assert_eq!(w.position(&StreamName::Pushers), Some(Token(5)));
+}
+
+#[test]
+fn writer_announces_on_connect_before_anything_written_after() {
+    let registry = deployment();
+    let mut w = Writer::new(name("w1"), registry);
+    w.advance(&StreamName::Caches, Token(3)).unwrap();
+    w.advance(&StreamName::Events, Token(10)).unwrap();
+    w.advance(&StreamName::Receipts, Token(4)).unwrap();
+    // Written while disconnected: nothing sent, but the position moves.
+    w.write(
+        &StreamName::Events,
+        Token(12),
+        [(Token(11), row("[]")), (Token(12), row("[]"))],
+    )
+    .unwrap();
+    assert_eq!(lines(&mut w), Vec::<String>::new());
+    let t0 = Instant::now();
+    // Asked before connecting: sent first. Asked again at once: delayed.
+    w.request_replicate(t0);
+    w.connected(t0);
+    w.request_replicate(t0);
+    w.write(&StreamName::Events, Token(13), [(Token(13), row("[]"))])
+        .unwrap();
+    assert_eq!(
+        lines(&mut w),
+        [
+            "REPLICATE ",
+            "POSITION events w1 12 12",
+            "POSITION receipts w1 4 4",
+            "POSITION caches w1 3 3",
+            "RDATA events w1 13 []",
+        ]
+    );
+    assert_eq!(w.counters().rows_unsent, 2);
+    // A lost connection drops what was not sent.
+    w.write(&StreamName::Events, Token(14), [(Token(14), row("[]"))])
+        .unwrap();
+    w.disconnected();
+    assert_eq!(lines(&mut w), Vec::<String>::new());
+    w.connected(t0);
+    assert_eq!(lines(&mut w)[0], "POSITION events w1 14 14");
+}
+
+#[test]
+fn writer_answers_replicate_coalesced_and_rate_limited() {
+    let mut w = Writer::new(InstanceName::master(), deployment());
+    w.advance(&StreamName::Pushers, Token(5)).unwrap();
+    let t0 = Instant::now();
+    w.connected(t0);
+    let _ = lines(&mut w);
+    w.handle_command(&Command::Replicate, t0);
+    assert_eq!(lines(&mut w), ["POSITION pushers master 5 5"]);
+    let ms = Duration::from_millis;
+    w.handle_replicate(t0 + ms(10));
+    w.handle_replicate(t0 + ms(20));
+    assert_eq!(lines(&mut w), Vec::<String>::new());
+    assert_eq!(w.poll_timeout(), Some(t0 + ms(250)));
+    w.handle_timeout(t0 + ms(100));
+    assert_eq!(lines(&mut w), Vec::<String>::new());
+    w.advance(&StreamName::Pushers, Token(6)).unwrap();
+    w.handle_timeout(t0 + ms(250));
+    assert_eq!(
+        lines(&mut w),
+        ["POSITION pushers master 5 6", "POSITION pushers master 6 6"]
+    );
+    assert_eq!(w.poll_timeout(), None);
+
+    // Without a rate limit, requests between two drains share one answer.
+    let mut config = WriterConfig::default();
+    config.answer = RateLimit::none();
+    let mut w = Writer::with_config(InstanceName::master(), deployment(), config);
+    w.advance(&StreamName::Pushers, Token(5)).unwrap();
+    w.connected(t0);
+    for _ in 0..100 {
+        w.handle_replicate(t0);
+    }
+    assert_eq!(lines(&mut w), ["POSITION pushers master 5 5"]);
+    assert_eq!(w.counters().answers_coalesced, 100);
+}
+
+#[test]
+fn writer_replicate_in_a_reconnect_loop_backs_off() {
+    let mut w = Writer::new(name("f1"), deployment());
+    let t0 = Instant::now();
+    let mut sent = Vec::new();
+    let mut now = t0;
+    // Reconnect every 100 ms for two minutes, connected for 50 ms each time.
+    while now < t0 + Duration::from_secs(120) {
+        w.connected(now);
+        w.request_replicate(now);
+        let until = now + Duration::from_millis(50);
+        while let Some(due) = w.poll_timeout().filter(|due| *due <= until) {
+            w.handle_timeout(due);
+        }
+        for line in lines(&mut w) {
+            assert_eq!(line, "REPLICATE ");
+            sent.push(now.duration_since(t0).as_millis());
+        }
+        w.disconnected();
+        now += Duration::from_millis(100);
+    }
+    assert!(sent.len() <= 10, "{sent:?}");
+    let gaps: Vec<u128> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.iter().all(|gap| *gap >= 1000), "{gaps:?}");
+    assert!(*gaps.last().unwrap() >= 30_000, "{gaps:?}");
+}
+
+#[test]
+fn writer_own_echoes_do_not_reach_its_follower() {
+    let registry = deployment();
+    let t0 = Instant::now();
+    let mut w = Writer::new(name("w3"), registry.clone());
+    let mut f = Follower::new(name("w3"), registry);
+    w.advance(&StreamName::Typing, Token(0)).unwrap();
+    w.connected(t0);
+    f.connected();
+    w.write(
+        &StreamName::Typing,
+        Token(1),
+        [(Token(1), row("[\"!r:x\",[]]"))],
+    )
+    .unwrap();
+    while let Some(command) = w.poll_command() {
+        f.handle_command(command);
+    }
+    assert_eq!(f.poll_event(), None);
+    assert_eq!(f.counters().own_echoes, 2);
+}
