@@ -69,12 +69,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The writer writes: a caches row every round, a typing batch of two
         // rows with one token every third round.
         let token = Token(round);
-        let caches_row = row(&format!(r#"["get_user_by_id",["@user{round}:example.com"],{round}]"#))?;
-        log.get_mut(&StreamName::Caches).map(|l| l.push((token, caches_row.clone())));
+        let caches_row = row(&format!(
+            r#"["get_user_by_id",["@user{round}:example.com"],{round}]"#
+        ))?;
+        let caches = log.get_mut(&StreamName::Caches).ok_or("no caches log")?;
+        caches.push((token, caches_row.clone()));
         writer.write(&StreamName::Caches, token, [(token, caches_row)])?;
         if round % 3 == 0 {
             let rows = [
-                row(&format!(r#"["!room{round}:example.com",["@a:example.com"]]"#))?,
+                row(&format!(
+                    r#"["!room{round}:example.com",["@a:example.com"]]"#
+                ))?,
                 row(&format!(r#"["!other{round}:example.com",[]]"#))?,
             ];
             let typing = log.get_mut(&StreamName::Typing).ok_or("no typing log")?;
@@ -137,7 +142,10 @@ fn drain(
                 ..
             } => {
                 if verbose && source != synapse_replication::positions::RowSource::Live {
-                    println!("{name}: {} caught-up rows of {stream} at token {token}", rows.len());
+                    println!(
+                        "{name}: {} caught-up rows of {stream} at token {token}",
+                        rows.len()
+                    );
                 }
                 let held = held.entry(stream).or_default();
                 held.extend(rows.into_iter().map(|row| (token, row)));

@@ -42,6 +42,7 @@
 )]
 
 pub mod positions;
+pub mod resp;
 pub mod streams;
 pub mod wire;
 pub mod writers;

@@ -168,7 +168,7 @@ pub enum Side {
 }
 
 macro_rules! command_kinds {
-    ($( $(#[$doc:meta])* $kind:ident => $name:literal, server: $server:literal, client: $client:literal; )*) => {
+    ($( $(#[$doc:meta])* $kind:ident => $name:literal / $bytes:literal, server: $server:literal, client: $client:literal; )*) => {
         /// The name of a command, without its arguments.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[non_exhaustive]
@@ -190,7 +190,7 @@ macro_rules! command_kinds {
             /// The command with this exact (case-sensitive) wire name.
             pub fn from_name(name: &[u8]) -> Option<CommandKind> {
                 match name {
-                    $( n if n == $name.as_bytes() => Some(CommandKind::$kind), )*
+                    $( $bytes => Some(CommandKind::$kind), )*
                     _ => None,
                 }
             }
@@ -209,35 +209,35 @@ macro_rules! command_kinds {
 
 command_kinds! {
     /// `SERVER`
-    Server => "SERVER", server: true, client: false;
+    Server => "SERVER" / b"SERVER", server: true, client: false;
     /// `RDATA`
-    Rdata => "RDATA", server: true, client: false;
+    Rdata => "RDATA" / b"RDATA", server: true, client: false;
     /// `POSITION`
-    Position => "POSITION", server: true, client: false;
+    Position => "POSITION" / b"POSITION", server: true, client: false;
     /// `ERROR`
-    Error => "ERROR", server: true, client: true;
+    Error => "ERROR" / b"ERROR", server: true, client: true;
     /// `PING`
-    Ping => "PING", server: true, client: true;
+    Ping => "PING" / b"PING", server: true, client: true;
     /// `NAME`
-    Name => "NAME", server: false, client: true;
+    Name => "NAME" / b"NAME", server: false, client: true;
     /// `REPLICATE`
-    Replicate => "REPLICATE", server: false, client: true;
+    Replicate => "REPLICATE" / b"REPLICATE", server: false, client: true;
     /// `USER_SYNC`
-    UserSync => "USER_SYNC", server: false, client: true;
+    UserSync => "USER_SYNC" / b"USER_SYNC", server: false, client: true;
     /// `FEDERATION_ACK`
-    FederationAck => "FEDERATION_ACK", server: false, client: true;
+    FederationAck => "FEDERATION_ACK" / b"FEDERATION_ACK", server: false, client: true;
     /// `USER_IP`
-    UserIp => "USER_IP", server: false, client: true;
+    UserIp => "USER_IP" / b"USER_IP", server: false, client: true;
     /// `REMOTE_SERVER_UP`
-    RemoteServerUp => "REMOTE_SERVER_UP", server: true, client: true;
+    RemoteServerUp => "REMOTE_SERVER_UP" / b"REMOTE_SERVER_UP", server: true, client: true;
     /// `CLEAR_USER_SYNC`
-    ClearUserSync => "CLEAR_USER_SYNC", server: false, client: true;
+    ClearUserSync => "CLEAR_USER_SYNC" / b"CLEAR_USER_SYNC", server: false, client: true;
     /// `LOCK_RELEASED`
-    LockReleased => "LOCK_RELEASED", server: true, client: true;
+    LockReleased => "LOCK_RELEASED" / b"LOCK_RELEASED", server: true, client: true;
     /// `NEW_ACTIVE_TASK`
-    NewActiveTask => "NEW_ACTIVE_TASK", server: false, client: false;
+    NewActiveTask => "NEW_ACTIVE_TASK" / b"NEW_ACTIVE_TASK", server: false, client: false;
     /// `CANCEL_TASK`
-    CancelTask => "CANCEL_TASK", server: false, client: false;
+    CancelTask => "CANCEL_TASK" / b"CANCEL_TASK", server: false, client: false;
 }
 
 impl CommandKind {

@@ -141,6 +141,28 @@ fn text(
     })
 }
 
+fn instance_name(
+    line: &Bytes,
+    command: CommandKind,
+    field: &'static str,
+    value: &[u8],
+) -> Result<InstanceName, DecodeError> {
+    if value.is_empty() {
+        return Err(DecodeError::InvalidField {
+            command,
+            field,
+            expected: "a non-empty name",
+            input: String::new(),
+        });
+    }
+    InstanceName::from_line(line, value).ok_or_else(|| DecodeError::InvalidField {
+        command,
+        field,
+        expected: "UTF-8 text",
+        input: snippet(value),
+    })
+}
+
 fn name(
     line: &Bytes,
     command: CommandKind,
@@ -164,7 +186,7 @@ fn stream_name(
     value: &[u8],
 ) -> Result<StreamName, DecodeError> {
     // Known names are matched without touching the line's reference count.
-    if let Some(known) = std::str::from_utf8(value).ok().and_then(StreamName::known) {
+    if let Some(known) = StreamName::known_bytes(value) {
         return Ok(known);
     }
     Ok(StreamName::Other(name(
@@ -252,7 +274,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
             )?;
             Command::Position(Position {
                 stream: stream_name(line, kind, stream)?,
-                instance: InstanceName::from(name(line, kind, "instance name", instance)?),
+                instance: instance_name(line, kind, "instance name", instance)?,
                 prev_token: token(kind, "prev_token", prev)?,
                 new_token: token(kind, "new_token", new)?,
             })
@@ -293,7 +315,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 }
             };
             Command::UserSync(UserSync {
-                instance_id: InstanceName::from(name(line, kind, "instance id", instance)?),
+                instance_id: instance_name(line, kind, "instance id", instance)?,
                 user_id: name(line, kind, "user id", user)?,
                 device_id: match device {
                     b"None" => None,
@@ -314,7 +336,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 });
             }
             Command::FederationAck(FederationAck {
-                instance: InstanceName::from(name(line, kind, "instance name", instance)?),
+                instance: instance_name(line, kind, "instance name", instance)?,
                 token: token(kind, "token", ack)?,
             })
         }
@@ -383,7 +405,7 @@ fn decode_rdata(line: &Bytes, rest: &[u8]) -> Result<Rdata, DecodeError> {
     })?;
     Ok(Rdata {
         stream: stream_name(line, kind, stream)?,
-        instance: InstanceName::from(name(line, kind, "instance name", instance)?),
+        instance: instance_name(line, kind, "instance name", instance)?,
         token,
         row: RawRow::from_validated(line.slice_ref(row)),
     })

@@ -1,12 +1,11 @@
 //! Names of streams and of instances (processes), as they appear on the wire.
 
-use std::borrow::Borrow;
 use std::fmt;
 
 use bytestring::ByteString;
 
 macro_rules! stream_names {
-    ($( $(#[$doc:meta])* $variant:ident => $name:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident => $name:literal / $bytes:literal, )*) => {
         /// The name of a replication stream.
         ///
         /// Every stream of Synapse 1.163.2 has a variant; any other name is
@@ -34,8 +33,14 @@ macro_rules! stream_names {
 
             /// Looks a name up among the known streams, without allocating.
             pub fn known(name: &str) -> Option<StreamName> {
+                Self::known_bytes(name.as_bytes())
+            }
+
+            /// [`StreamName::known`] on raw bytes: the decoder's hot path,
+            /// which needs no UTF-8 check since every known name is ASCII.
+            pub(crate) fn known_bytes(name: &[u8]) -> Option<StreamName> {
                 match name {
-                    $( $name => Some(StreamName::$variant), )*
+                    $( $bytes => Some(StreamName::$variant), )*
                     _ => None,
                 }
             }
@@ -45,43 +50,43 @@ macro_rules! stream_names {
 
 stream_names! {
     /// `events`: new events and current-state changes (multi-writer).
-    Events => "events",
+    Events => "events" / b"events",
     /// `backfill`: events fetched from other servers' history.
-    Backfill => "backfill",
+    Backfill => "backfill" / b"backfill",
     /// `presence`: users' presence states.
-    Presence => "presence",
+    Presence => "presence" / b"presence",
     /// `presence_federation`: presence destined for remote servers.
-    PresenceFederation => "presence_federation",
+    PresenceFederation => "presence_federation" / b"presence_federation",
     /// `typing`: typing notifications per room.
-    Typing => "typing",
+    Typing => "typing" / b"typing",
     /// `receipts`: read receipts (multi-writer).
-    Receipts => "receipts",
+    Receipts => "receipts" / b"receipts",
     /// `push_rules`: a user's push rules changed.
-    PushRules => "push_rules",
+    PushRules => "push_rules" / b"push_rules",
     /// `pushers`: pushers added or removed.
-    Pushers => "pushers",
+    Pushers => "pushers" / b"pushers",
     /// `caches`: cache invalidations; every process writes it over Redis.
-    Caches => "caches",
+    Caches => "caches" / b"caches",
     /// `device_lists`: device list changes.
-    DeviceLists => "device_lists",
+    DeviceLists => "device_lists" / b"device_lists",
     /// `to_device`: to-device messages.
-    ToDevice => "to_device",
+    ToDevice => "to_device" / b"to_device",
     /// `federation`: outgoing federation traffic (EDUs).
-    Federation => "federation",
+    Federation => "federation" / b"federation",
     /// `account_data`: global and per-room account data.
-    AccountData => "account_data",
+    AccountData => "account_data" / b"account_data",
     /// `profile_updates`: profile field changes.
-    ProfileUpdates => "profile_updates",
+    ProfileUpdates => "profile_updates" / b"profile_updates",
     /// `sticky_events`: sticky events (MSC4354).
-    StickyEvents => "sticky_events",
+    StickyEvents => "sticky_events" / b"sticky_events",
     /// `thread_subscriptions`: users' thread subscriptions.
-    ThreadSubscriptions => "thread_subscriptions",
+    ThreadSubscriptions => "thread_subscriptions" / b"thread_subscriptions",
     /// `un_partial_stated_room`: a room finished its partial-state join.
-    UnPartialStatedRoom => "un_partial_stated_room",
+    UnPartialStatedRoom => "un_partial_stated_room" / b"un_partial_stated_room",
     /// `un_partial_stated_event`: an event's state became complete.
-    UnPartialStatedEvent => "un_partial_stated_event",
+    UnPartialStatedEvent => "un_partial_stated_event" / b"un_partial_stated_event",
     /// `quarantined_media`: media quarantined or released.
-    QuarantinedMedia => "quarantined_media",
+    QuarantinedMedia => "quarantined_media" / b"quarantined_media",
 }
 
 impl StreamName {
@@ -124,9 +129,19 @@ impl fmt::Display for StreamName {
 /// The name of a Synapse process: `master` for the main process, or a
 /// worker's `worker_name`.
 ///
-/// Cheap to clone (a reference-counted slice of the line it came from).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InstanceName(ByteString);
+/// Names of up to 30 bytes (all real ones) are stored inline, so decoding
+/// and cloning one touches no shared counter; longer names share the line
+/// they came from.
+#[derive(Clone)]
+pub struct InstanceName(Repr);
+
+const INLINE: usize = 30;
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Shared(ByteString),
+}
 
 impl InstanceName {
     /// The main process's name on the wire.
@@ -136,69 +151,154 @@ impl InstanceName {
 
     /// Wraps a name.
     pub fn new(name: impl Into<ByteString>) -> Self {
-        InstanceName(name.into())
+        let name = name.into();
+        Self::inline(name.as_bytes()).unwrap_or(InstanceName(Repr::Shared(name)))
     }
 
     /// The main process, `master`.
     pub fn master() -> Self {
-        InstanceName(ByteString::from_static(Self::MASTER))
+        InstanceName::from(Self::MASTER)
+    }
+
+    /// A name read from `line` (of which `name` is a part): copied inline
+    /// when short, else a shared slice. `None` if it is not UTF-8.
+    pub(crate) fn from_line(line: &bytes::Bytes, name: &[u8]) -> Option<Self> {
+        if name.len() <= INLINE {
+            if !name.is_ascii() {
+                std::str::from_utf8(name).ok()?;
+            }
+            return Self::inline(name);
+        }
+        ByteString::try_from(line.slice_ref(name))
+            .ok()
+            .map(|name| InstanceName(Repr::Shared(name)))
+    }
+
+    /// `bytes` (valid UTF-8) stored inline, if short enough.
+    fn inline(bytes: &[u8]) -> Option<Self> {
+        let mut inline = [0; INLINE];
+        inline.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(InstanceName(Repr::Inline {
+            len: u8::try_from(bytes.len()).ok()?,
+            bytes: inline,
+        }))
     }
 
     /// The name as written on the wire.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Inline bytes were valid UTF-8 when stored; the fallback is
+            // unreachable.
+            Repr::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Repr::Shared(name) => name,
+        }
+    }
+
+    /// The name's bytes (UTF-8).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len).min(INLINE)],
+            Repr::Shared(name) => name.as_bytes(),
+        }
     }
 
     /// Whether this is the main process.
     pub fn is_master(&self) -> bool {
-        &*self.0 == Self::MASTER
+        self.as_bytes() == Self::MASTER.as_bytes()
+    }
+}
+
+impl PartialEq for InstanceName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for InstanceName {}
+
+impl std::hash::Hash for InstanceName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl PartialOrd for InstanceName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for InstanceName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl fmt::Debug for InstanceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("InstanceName").field(&self.as_str()).finish()
     }
 }
 
 impl From<&str> for InstanceName {
     fn from(name: &str) -> Self {
-        InstanceName(ByteString::from(name))
+        Self::inline(name.as_bytes())
+            .unwrap_or_else(|| InstanceName(Repr::Shared(ByteString::from(name))))
     }
 }
 
 impl From<String> for InstanceName {
     fn from(name: String) -> Self {
-        InstanceName(ByteString::from(name))
+        InstanceName::new(name)
     }
 }
 
 impl From<ByteString> for InstanceName {
     fn from(name: ByteString) -> Self {
-        InstanceName(name)
+        InstanceName::new(name)
     }
 }
 
 impl AsRef<str> for InstanceName {
     fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Borrow<str> for InstanceName {
-    fn borrow(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl PartialEq<str> for InstanceName {
     fn eq(&self, other: &str) -> bool {
-        &*self.0 == other
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl PartialEq<&str> for InstanceName {
     fn eq(&self, other: &&str) -> bool {
-        &*self.0 == *other
+        self.as_bytes() == other.as_bytes()
     }
 }
 
 impl fmt::Display for InstanceName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_long_names_behave_alike() {
+        let long = "a_worker_name_longer_than_thirty_bytes_é";
+        for name in ["master", "", "event_persister1", "ünïcödé", long] {
+            let line = bytes::Bytes::copy_from_slice(name.as_bytes());
+            let decoded = InstanceName::from_line(&line, &line).unwrap();
+            assert_eq!(decoded.as_str(), name);
+            assert_eq!(decoded, InstanceName::from(name));
+            assert_eq!(decoded, InstanceName::new(name.to_string()));
+            assert_eq!(decoded.to_string(), name);
+        }
+        assert!(InstanceName::from_line(&bytes::Bytes::from_static(b"\xff"), b"\xff").is_none());
+        assert!(InstanceName::master().is_master());
     }
 }
