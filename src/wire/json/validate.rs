@@ -30,14 +30,13 @@ pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invali
     let mut recogniser = Recogniser {
         bytes,
         at: 0,
-        non_ascii: false,
         newline_ok,
     };
     recogniser.run()?;
     // Outside strings only ASCII is valid JSON, so checking UTF-8 once for
-    // the whole text covers every string in it; the string scanner noticed
-    // whether any byte needs the check at all.
-    if recogniser.non_ascii {
+    // the whole text covers every string in it; the word-at-a-time ASCII
+    // check settles the common case.
+    if !bytes.is_ascii() {
         if let Err(error) = std::str::from_utf8(bytes) {
             return Err(Invalid {
                 at: error.valid_up_to(),
@@ -71,7 +70,6 @@ const fn bytes_equal(word: u64, byte: u8) -> u64 {
 struct Recogniser<'a> {
     bytes: &'a [u8],
     at: usize,
-    non_ascii: bool,
     newline_ok: bool,
 }
 
@@ -234,8 +232,8 @@ impl Recogniser<'_> {
         self.at += 1;
         loop {
             // Skip eight plain bytes at a time: no quote, backslash or
-            // control character. Non-ASCII bytes are plain here and checked
-            // as UTF-8 once, at the end.
+            // control character. Non-ASCII bytes are plain here; UTF-8 is
+            // checked once for the whole text, at the end.
             while let Some(chunk) = self.bytes.get(self.at..self.at + 8) {
                 let mut word = [0u8; 8];
                 word.copy_from_slice(chunk);
@@ -243,15 +241,10 @@ impl Recogniser<'_> {
                 let special =
                     bytes_equal(word, b'"') | bytes_equal(word, b'\\') | bytes_below(word, 0x20);
                 if special != 0 {
-                    // Jump to the first special byte; the bytes before it are
-                    // plain, and only they count for non-ASCII.
-                    let plain = special.trailing_zeros() as usize / 8;
-                    let before = word & ((1u64 << (plain * 8)) - 1);
-                    self.non_ascii |= before & HIGHS != 0;
-                    self.at += plain;
+                    // Jump to the first special byte.
+                    self.at += special.trailing_zeros() as usize / 8;
                     break;
                 }
-                self.non_ascii |= word & HIGHS != 0;
                 self.at += 8;
             }
             let Some(&byte) = self.bytes.get(self.at) else {
@@ -264,10 +257,7 @@ impl Recogniser<'_> {
                 }
                 b'\\' => self.escape()?,
                 0..0x20 => return self.fail("control character in string"),
-                _ => {
-                    self.non_ascii |= byte >= 0x80;
-                    self.at += 1;
-                }
+                _ => self.at += 1,
             }
         }
     }
