@@ -17,4 +17,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
     fi
 fi
 
+# The interop tests run Synapse's own Python code as a peer: a venv with the
+# pinned Synapse, made once and kept in a cache directory between runs.
+SYNAPSE_VERSION=1.163.2
+SYNAPSE_VENV="${SYNAPSE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/synapse-replication/synapse-$SYNAPSE_VERSION}"
+if ! "$SYNAPSE_VENV/bin/python" -c "import synapse, sys; sys.exit(synapse.__version__ != '$SYNAPSE_VERSION')" 2>/dev/null; then
+    echo "creating a venv with matrix-synapse $SYNAPSE_VERSION in $SYNAPSE_VENV (once)"
+    rm -rf "$SYNAPSE_VENV"
+    python3 -m venv "$SYNAPSE_VENV"
+    "$SYNAPSE_VENV/bin/pip" install -q "matrix-synapse[redis]==$SYNAPSE_VERSION"
+fi
+export SYNAPSE_PYTHON="$SYNAPSE_VENV/bin/python"
+
 cargo test --locked --all-features "$@"

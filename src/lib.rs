@@ -13,7 +13,11 @@
 //! - [`wire`]: one line <-> one [`wire::Command`];
 //! - [`streams`]: the typed row of each stream, decoded on demand;
 //! - [`positions`] and [`writers`]: the [`positions::Follower`] and
-//!   [`positions::Writer`] state machines, and who may write which stream.
+//!   [`positions::Writer`] state machines, and who may write which stream;
+//! - [`session`]: sans-IO connection state machines (direct TCP);
+//! - [`resp`]: the Redis wire codec;
+//! - [`transport`]: thin async drivers over `futures::io`, the only layer
+//!   that does I/O, with smol and tokio glue behind features.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -43,7 +47,9 @@
 
 pub mod positions;
 pub mod resp;
+pub mod session;
 pub mod streams;
+pub mod transport;
 pub mod wire;
 pub mod writers;
 

@@ -317,6 +317,8 @@ fn resp2_subscribe_publish_ping() {
 }
 
 #[test]
+// `DEBUG PROTOCOL double` answers the literal 3.141, not an approximation of pi.
+#[allow(clippy::approx_constant)]
 fn resp3_hello_auth_pushes_and_every_type() {
     let server = Server::start(&["--requirepass", "s3cret", "--enable-debug-command", "yes"]);
     let mut conn = server.connect(5);

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod pair;
+
 use std::path::PathBuf;
 
 use serde_json::Value;

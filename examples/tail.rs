@@ -1,0 +1,293 @@
+//! Follows a replication server and prints what it receives, one line per
+//! item. Runs on smol (build with `--features runtime-smol`).
+//!
+//! ```text
+//! cargo run --features runtime-smol --example tail -- \
+//!     --tcp 127.0.0.1:9092 --server-name example.com [--name tail] \
+//!     [--wire] [--events] [--writers config.json]
+//! ```
+//!
+//! Options:
+//!
+//! - `--tcp HOST:PORT`: follow a direct TCP replication server (Synapse's
+//!   `replication` listener before 1.67, or this crate's `TcpServer`);
+//!   reconnects forever with backoff.
+//! - `--server-name NAME`: the server name the server must announce
+//!   (`SERVER NAME`); required.
+//! - `--name NAME`: this follower's instance name, sent as `NAME` (default
+//!   `tail`).
+//! - `--writers FILE`: a JSON file with Synapse's `stream_writers` and
+//!   `instance_map` (and `redis`, `federation_sender_instances`...): who may
+//!   write which stream. Default: `master` writes everything.
+//! - `--wire`: print each command received as its wire line, re-encoded.
+//! - `--events`: print what the follower hands the application.
+//!
+//! With neither `--wire` nor `--events`, each command received is printed
+//! decoded (Rust `Debug` form). With `--events` alone only events are
+//! printed; with both, each command's wire line comes before the events it
+//! caused.
+//!
+//! Event lines (stable; fields separated by one space; `<rows>` is a JSON
+//! array of the rows, as received):
+//!
+//! ```text
+//! connected <host:port>
+//! ready <server_name>
+//! rows <stream> <writer> <token> <live|catch-up> <count> <rows>
+//! position <stream> <writer> <token>
+//! catch-up <id> <stream> <writer> <from> <to>
+//! reset <stream> <writer> <previous> <new>
+//! rejected <RDATA|POSITION> <stream> <instance> <reason>
+//! command <wire line>
+//! error <message>
+//! closing <reason>
+//! disconnected <reason>; retry in <ms> ms
+//! connect-failed <error>; retry in <ms> ms
+//! ```
+//!
+//! `command` is a command for the application (`REMOTE_SERVER_UP`,
+//! `LOCK_RELEASED`); `error` an `ERROR` the server sent; `closing` why
+//! `tail` closes the connection. `tail` cannot fetch missed rows (that needs
+//! the writer's catch-up endpoint): after printing a `catch-up` line it skips
+//! the range, and the next line is the `position` reached.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// What to follow. (`--redis URL` will add a variant.)
+#[derive(Debug)]
+#[cfg_attr(not(feature = "runtime-smol"), allow(dead_code))]
+enum Source {
+    Tcp { addr: String },
+}
+
+#[derive(Debug)]
+#[cfg_attr(not(feature = "runtime-smol"), allow(dead_code))]
+struct Args {
+    source: Source,
+    server_name: String,
+    name: String,
+    writers: Option<PathBuf>,
+    wire: bool,
+    events: bool,
+}
+
+const USAGE: &str = "usage: tail --tcp HOST:PORT --server-name NAME [--name NAME] \
+                     [--writers FILE] [--wire] [--events]";
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut source = None;
+    let mut server_name = None;
+    let mut name = None;
+    let mut writers = None;
+    let mut wire = false;
+    let mut events = false;
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match arg.as_str() {
+            "--tcp" => {
+                if source.is_some() {
+                    return Err("give one source".into());
+                }
+                source = Some(Source::Tcp {
+                    addr: value("--tcp")?,
+                });
+            }
+            "--server-name" => server_name = Some(value("--server-name")?),
+            "--name" => name = Some(value("--name")?),
+            "--writers" => writers = Some(PathBuf::from(value("--writers")?)),
+            "--wire" => wire = true,
+            "--events" => events = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Args {
+        source: source.ok_or("--tcp is required")?,
+        server_name: server_name.ok_or("--server-name is required")?,
+        name: name.unwrap_or_else(|| "tail".to_owned()),
+        writers,
+        wire,
+        events,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("tail: {message}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        // `tail ... | head` ends quietly.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tail: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "runtime-smol"))]
+fn run(_args: Args) -> io::Result<()> {
+    Err(io::Error::other(
+        "built without smol: run with `--features runtime-smol`",
+    ))
+}
+
+#[cfg(feature = "runtime-smol")]
+fn run(args: Args) -> io::Result<()> {
+    use std::io::Write;
+    use std::sync::Arc;
+
+    use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, RowSource};
+    use synapse_replication::session::{ClientEvent, ClientSession, TcpConfig};
+    use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
+    use synapse_replication::wire::{Command, InstanceName};
+    use synapse_replication::writers::StreamWriters;
+
+    let registry = match &args.writers {
+        Some(path) => StreamWriters::from_json(&std::fs::read_to_string(path)?)
+            .map_err(|error| io::Error::other(format!("{}: {error}", path.display())))?,
+        None => StreamWriters::default(),
+    };
+    let follower = Follower::new(InstanceName::from(args.name.as_str()), Arc::new(registry));
+    let print_commands = args.wire || !args.events;
+    let mut config = TcpConfig::default();
+    config.report_received = print_commands;
+    let session = ClientSession::with_config(args.server_name.as_str(), follower, config)
+        .map_err(io::Error::other)?;
+    let Source::Tcp { addr } = &args.source;
+    let mut client = TcpClient::new(SmolRuntime, addr.clone(), session);
+
+    let wire = |command: &Command| -> String {
+        match command.to_bytes() {
+            Ok(line) => String::from_utf8_lossy(&line).into_owned(),
+            Err(error) => format!("<cannot encode: {error}>"),
+        }
+    };
+    let mut out = io::stdout().lock();
+    smol::block_on(async {
+        while let Some(event) = client.next_event().await {
+            let line = match event {
+                TcpClientEvent::Session(ClientEvent::Received(command)) => {
+                    if args.wire {
+                        wire(&command)
+                    } else {
+                        format!("{command:?}")
+                    }
+                }
+                _ if !args.events => continue,
+                TcpClientEvent::Connected => format!("connected {addr}"),
+                TcpClientEvent::ConnectFailed { error, retry_in } => {
+                    format!(
+                        "connect-failed {error}; retry in {} ms",
+                        retry_in.as_millis()
+                    )
+                }
+                TcpClientEvent::Disconnected { reason, retry_in } => {
+                    format!(
+                        "disconnected {reason}; retry in {} ms",
+                        retry_in.as_millis()
+                    )
+                }
+                TcpClientEvent::Session(ClientEvent::Ready { server_name }) => {
+                    format!("ready {server_name}")
+                }
+                TcpClientEvent::Session(ClientEvent::Command(command)) => {
+                    format!("command {}", wire(&command))
+                }
+                TcpClientEvent::Session(ClientEvent::PeerError(message)) => {
+                    format!("error {message}")
+                }
+                TcpClientEvent::Session(ClientEvent::Closing(error)) => format!("closing {error}"),
+                TcpClientEvent::Session(ClientEvent::Follower(event)) => match event {
+                    FollowerEvent::Rows {
+                        stream,
+                        writer,
+                        token,
+                        rows,
+                        source,
+                    } => {
+                        let source = match source {
+                            RowSource::Live => "live",
+                            RowSource::CatchUp => "catch-up",
+                        };
+                        let json: Vec<&str> = rows.iter().map(|row| row.as_str()).collect();
+                        format!(
+                            "rows {stream} {writer} {token} {source} {} [{}]",
+                            rows.len(),
+                            json.join(",")
+                        )
+                    }
+                    FollowerEvent::Position {
+                        stream,
+                        writer,
+                        token,
+                    } => format!("position {stream} {writer} {token}"),
+                    FollowerEvent::CatchUp(request) => {
+                        // Nothing to fetch from: skip the range.
+                        let page = CatchUpPage {
+                            updates: Vec::new(),
+                            upto: request.to,
+                            limited: false,
+                        };
+                        let _ = client.handle_catch_up(request.id, page);
+                        format!(
+                            "catch-up {} {} {} {} {}",
+                            request.id.get(),
+                            request.stream,
+                            request.writer,
+                            request.from,
+                            request.to
+                        )
+                    }
+                    FollowerEvent::Reset {
+                        stream,
+                        writer,
+                        previous,
+                        new,
+                    } => format!("reset {stream} {writer} {previous} {new}"),
+                    FollowerEvent::Rejected {
+                        stream,
+                        instance,
+                        command,
+                        reason,
+                    } => format!("rejected {command} {stream} {instance} {reason}"),
+                    other => format!("{other}"),
+                },
+                other => format!("{other:?}"),
+            };
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn arguments() {
+        let args = parse(&["--tcp", "h:1", "--server-name", "x.org", "--wire"]).unwrap();
+        assert!(matches!(args.source, Source::Tcp { ref addr } if addr == "h:1"));
+        assert_eq!(args.name, "tail");
+        assert!(args.wire && !args.events);
+        assert!(parse(&["--server-name", "x"]).is_err());
+        assert!(parse(&["--tcp", "h:1"]).is_err());
+        assert!(parse(&["--tcp"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Layer 6, transports: thin async drivers that move bytes between a
+//! session and a socket. The only layer that does I/O.
+//!
+//! Drivers use `futures::io::{AsyncRead, AsyncWrite}` and a small
+//! [`Runtime`] trait (connect, listen, sleep), implemented for smol
+//! (`SmolRuntime`, feature `runtime-smol`) and tokio (`TokioRuntime`,
+//! feature `runtime-tokio`). They read into one large buffer and hand the
+//! session many lines per read, and write the session's lines in batches.
+//!
+//! Direct TCP ([`TcpServer`], [`TcpClient`]):
+//!
+//! ```no_run
+//! # #[cfg(feature = "runtime-smol")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use synapse_replication::positions::Follower;
+//! use synapse_replication::session::{ClientEvent, ClientSession};
+//! use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
+//! use synapse_replication::wire::InstanceName;
+//! use synapse_replication::writers::StreamWriters;
+//!
+//! let follower = Follower::new(InstanceName::from("worker1"), Arc::new(StreamWriters::default()));
+//! let session = ClientSession::new("example.com", follower)?;
+//! let mut client = TcpClient::new(SmolRuntime, "127.0.0.1:9092", session);
+//! smol::block_on(async {
+//!     while let Some(event) = client.next_event().await {
+//!         match event {
+//!             TcpClientEvent::Session(ClientEvent::Follower(event)) => println!("{event}"),
+//!             other => println!("{other:?}"),
+//!         }
+//!     }
+//! });
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "runtime-smol"))]
+//! # fn main() {}
+//! ```
+//!
+//! # Catching up
+//!
+//! Rows a follower missed (it was away, or the server restarted) are
+//! fetched out of band, never through the replication connection: that is
+//! Synapse's design (its workers fetch over HTTP from the writer, which
+//! reads its database), and the direct TCP protocol has no command for it,
+//! so any in-band answer would break compatibility with Synapse peers. A
+//! [`TcpClient`] given a [`CatchUpSource`] fetches every page the follower
+//! asks for and retries failures with backoff; without one, the
+//! application answers the follower's
+//! [`CatchUp`](crate::positions::FollowerEvent::CatchUp) events itself with
+//! [`TcpClient::handle_catch_up`]. Between Rust processes the source is
+//! whatever holds the writer's log: the shared database, as in Synapse, or
+//! an endpoint the server's application exposes.
+
+mod runtime;
+#[cfg(feature = "runtime-smol")]
+mod smol;
+mod tcp;
+#[cfg(feature = "runtime-tokio")]
+mod tokio;
+
+use std::error::Error;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::positions::{CatchUpPage, CatchUpRequest};
+
+pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
+#[cfg(feature = "runtime-smol")]
+pub use smol::SmolRuntime;
+pub use tcp::{
+    CommandSender, Disconnect, TcpClient, TcpClientEvent, TcpClientOptions, TcpServer,
+    TcpServerEvent, TcpServerOptions,
+};
+#[cfg(feature = "runtime-tokio")]
+pub use tokio::TokioRuntime;
+
+/// Any error, boxed.
+pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// Where a follower's missed rows come from: answers a
+/// [`CatchUpRequest`] with one page of rows.
+///
+/// Synapse answers over HTTP (`get_repl_stream_updates`, see
+/// [`CatchUpRequest::path`]); a Rust deployment answers from the writer's
+/// log. A page may be `limited` (the follower then asks for the next).
+/// Errors are retried by the driver, with backoff.
+///
+/// Closures `Fn(CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage,
+/// BoxError>>` implement it.
+pub trait CatchUpSource: Send + Sync + 'static {
+    /// Fetches the rows of `request.writer` on `request.stream` with tokens
+    /// in `(request.from, request.to]`.
+    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>>;
+}
+
+impl<F> CatchUpSource for F
+where
+    F: Fn(CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+        self(request)
+    }
+}
+
+/// Exponential backoff with jitter, for reconnecting and retrying.
+///
+/// Delays double from `initial` up to `max`; each is drawn uniformly from
+/// its upper half (`[d/2, d]`), so that many clients cut off at once do not
+/// come back at once. The randomness is a xorshift generator seeded from
+/// the clock and a process-wide counter (no `rand` dependency; it need not
+/// be unpredictable, only different per client).
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+    state: u64,
+}
+
+impl Backoff {
+    /// Backoff from `initial` doubling up to `max`.
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos() as u64);
+        let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let seed = nanos ^ count.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Backoff {
+            initial,
+            max: max.max(initial),
+            attempt: 0,
+            state: seed | 1,
+        }
+    }
+
+    /// The next delay; each call doubles the next one, up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
+        let base = self
+            .initial
+            .saturating_mul(1u32.checked_shl(self.attempt).unwrap_or(u32::MAX))
+            .min(self.max);
+        self.attempt = self.attempt.saturating_add(1).min(31);
+        let half = base / 2;
+        let span = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let jitter = if span == 0 {
+            0
+        } else {
+            self.next_random() % (span + 1)
+        };
+        half + Duration::from_nanos(jitter)
+    }
+
+    /// Back to the initial delay (after a connection that lasted).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_caps() {
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::new(ms(100), ms(5000));
+        let mut previous_cap = ms(0);
+        for attempt in 0..12 {
+            let cap = (ms(100) * 2u32.pow(attempt)).min(ms(5000));
+            let delay = backoff.next_delay();
+            assert!(delay >= cap / 2 && delay <= cap, "{attempt}: {delay:?}");
+            assert!(cap >= previous_cap);
+            previous_cap = cap;
+        }
+        backoff.reset();
+        assert!(backoff.next_delay() <= ms(100));
+    }
+
+    #[test]
+    fn two_backoffs_differ() {
+        let ms = Duration::from_millis;
+        let mut a = Backoff::new(ms(1000), ms(5000));
+        let mut b = Backoff::new(ms(1000), ms(5000));
+        let a: Vec<_> = (0..4).map(|_| a.next_delay()).collect();
+        let b: Vec<_> = (0..4).map(|_| b.next_delay()).collect();
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,85 @@
+//! What a transport needs from an async runtime: TCP connect and listen,
+//! and timers. Object safe, so a driver can hold an `Arc<dyn Runtime>`.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::io::{AsyncRead, AsyncWrite};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A byte stream a transport reads and writes: a TCP connection, or
+/// anything else with the same traits (a TLS stream, an in-memory pipe).
+///
+/// Implemented for every `AsyncRead + AsyncWrite + Unpin + Send + 'static`
+/// type.
+pub trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection for T {}
+
+/// A connection of any type.
+pub type BoxConnection = Box<dyn Connection>;
+
+/// A bound TCP listener.
+pub trait Listener: Send + 'static {
+    /// Accepts the next connection, or registers the waker and returns
+    /// `Pending`.
+    fn poll_accept(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(BoxConnection, SocketAddr)>>;
+
+    /// The address the listener is bound to (to learn the port after
+    /// binding port 0).
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+/// The runtime services the transports use: connecting, listening, and
+/// sleeping until a deadline.
+///
+/// `SmolRuntime` (feature `runtime-smol`) and
+/// `TokioRuntime` (feature `runtime-tokio`)
+/// implement it; implement it yourself for another runtime, or to wrap
+/// connections (TLS, a proxy).
+pub trait Runtime: Send + Sync + 'static {
+    /// Opens a TCP connection to `addr` (`host:port`; names are resolved).
+    /// Implementations should disable Nagle's algorithm: drivers batch
+    /// their writes already.
+    fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxConnection>>;
+
+    /// Binds a TCP listener on `addr` (`host:port`; port 0 picks one).
+    fn listen(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>>;
+
+    /// A future that completes at `deadline` (at once if it has passed).
+    fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()>;
+
+    /// The current time; drivers give it to the sessions. Must not go
+    /// backwards.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+impl<R: Runtime + ?Sized> Runtime for Arc<R> {
+    fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        (**self).connect(addr)
+    }
+
+    fn listen(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
+        (**self).listen(addr)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
+        (**self).sleep_until(deadline)
+    }
+
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+}

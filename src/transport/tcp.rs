@@ -1,0 +1,1019 @@
+//! Async drivers for direct TCP replication: [`TcpServer`] accepts clients
+//! and serves a [`ServerSession`]; [`TcpClient`] connects a
+//! [`ClientSession`], reconnecting forever.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use futures::channel::mpsc;
+use futures::io::{AsyncRead, AsyncWrite};
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent};
+use crate::session::{
+    ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
+};
+use crate::wire::{Command, CommandKind};
+
+use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use super::{Backoff, BoxError, CatchUpSource};
+
+/// Passes of a driver's poll before it yields to the executor.
+const BUDGET: usize = 32;
+
+/// Why a connection ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Disconnect {
+    /// The peer closed it.
+    Closed,
+    /// Reading or writing failed.
+    Io(io::Error),
+    /// This end closed it after a fatal error (reported before as the
+    /// session's `Closing` event); the message is that error's.
+    Fatal(String),
+    /// The application closed it.
+    Shutdown,
+}
+
+impl fmt::Display for Disconnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Disconnect::Closed => f.write_str("closed by the peer"),
+            Disconnect::Io(error) => write!(f, "i/o error: {error}"),
+            Disconnect::Fatal(message) => write!(f, "closed: {message}"),
+            Disconnect::Shutdown => f.write_str("shut down"),
+        }
+    }
+}
+
+/// Sleeps until the session's deadline, re-armed when it changes.
+struct Timer {
+    deadline: Option<Instant>,
+    sleep: Option<BoxFuture<'static, ()>>,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        Timer {
+            deadline: None,
+            sleep: None,
+        }
+    }
+
+    /// Whether `deadline` has passed (registering the waker if not).
+    fn poll(
+        &mut self,
+        runtime: &dyn Runtime,
+        deadline: Instant,
+        now: Instant,
+        cx: &mut Context<'_>,
+    ) -> bool {
+        if deadline <= now {
+            self.deadline = None;
+            self.sleep = None;
+            return true;
+        }
+        if self.deadline != Some(deadline) {
+            self.deadline = Some(deadline);
+            self.sleep = Some(runtime.sleep_until(deadline));
+        }
+        let Some(sleep) = self.sleep.as_mut() else {
+            return false;
+        };
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.deadline = None;
+            self.sleep = None;
+            return true;
+        }
+        false
+    }
+}
+
+/// One socket: what is being written, and whether a flush is owed.
+struct Link {
+    io: BoxConnection,
+    out: Option<(Bytes, usize)>,
+    unflushed: bool,
+}
+
+/// What writing achieved.
+struct Written {
+    progress: bool,
+    /// Nothing is left to write and the socket is flushed.
+    drained: bool,
+}
+
+impl Link {
+    fn new(io: BoxConnection) -> Link {
+        Link {
+            io,
+            out: None,
+            unflushed: false,
+        }
+    }
+
+    /// Writes what `next` gives until the socket is full or nothing is
+    /// left, then flushes. Chunks are taken only when the socket can take
+    /// them, so the session's queue measures what the peer has not read.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut next: impl FnMut() -> Option<Bytes>,
+    ) -> io::Result<Written> {
+        let mut progress = false;
+        loop {
+            if self.out.is_none() {
+                self.out = next().map(|bytes| (bytes, 0));
+            }
+            let Some((bytes, offset)) = self.out.as_mut() else {
+                break;
+            };
+            match Pin::new(&mut self.io).poll_write(cx, &bytes[*offset..]) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    progress = true;
+                    self.unflushed = true;
+                    *offset += n;
+                    if *offset >= bytes.len() {
+                        self.out = None;
+                    }
+                }
+                Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => {}
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => {
+                    return Ok(Written {
+                        progress,
+                        drained: false,
+                    });
+                }
+            }
+        }
+        if self.unflushed {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => {}
+            }
+        }
+        Ok(Written {
+            progress,
+            drained: !self.unflushed,
+        })
+    }
+
+    /// Reads once into `buffer`: `Some(bytes)`, `None` at the end of the
+    /// stream, or `Pending`.
+    fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        buffer: &mut BytesMut,
+        size: usize,
+    ) -> Poll<io::Result<Option<Bytes>>> {
+        if buffer.len() < size {
+            buffer.resize(size, 0);
+        }
+        loop {
+            return match Pin::new(&mut self.io).poll_read(cx, &mut buffer[..]) {
+                Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(buffer.split_to(n).freeze()))),
+                Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_close(cx)
+    }
+}
+
+/// Options of a [`TcpServer`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TcpServerOptions {
+    /// Bytes read from a socket at once (64 KiB).
+    pub read_buffer: usize,
+    /// After accepting fails (too many open files...), wait this long
+    /// before accepting again (100 ms).
+    pub accept_pause: Duration,
+}
+
+impl Default for TcpServerOptions {
+    fn default() -> Self {
+        TcpServerOptions {
+            read_buffer: 64 << 10,
+            accept_pause: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What a [`TcpServer`] tells the application.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TcpServerEvent {
+    /// A client connected; `SERVER` and `PING` are on their way.
+    Accepted {
+        /// Its id in the session.
+        client: ClientId,
+        /// Its address.
+        peer: SocketAddr,
+    },
+    /// A client's connection ended; the session forgot it.
+    Disconnected {
+        /// The client.
+        client: ClientId,
+        /// Why.
+        reason: Disconnect,
+    },
+    /// Accepting a connection failed; the server goes on after
+    /// [`TcpServerOptions::accept_pause`].
+    AcceptFailed(io::Error),
+    /// What the session reports.
+    Session(ServerEvent),
+}
+
+struct ServerLink {
+    link: Link,
+    error: Option<String>,
+}
+
+/// A direct TCP replication server: accepts clients and serves them a
+/// [`ServerSession`] (the streams its [`Writer`](crate::positions::Writer)
+/// writes).
+///
+/// Nothing happens unless [`next_event`](TcpServer::next_event) is awaited:
+/// it accepts, reads, writes and runs the timers, and returns as soon as
+/// there is something to report. Write rows between two calls through
+/// [`session_mut`](TcpServer::session_mut) (`write`, `advance`, `send`);
+/// they are sent during the next call.
+///
+/// ```no_run
+/// # #[cfg(feature = "runtime-smol")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::time::Instant;
+/// use synapse_replication::positions::Writer;
+/// use synapse_replication::session::ServerSession;
+/// use synapse_replication::transport::{SmolRuntime, TcpServer};
+/// use synapse_replication::wire::{InstanceName, StreamName, Token};
+/// use synapse_replication::writers::StreamWriters;
+///
+/// let mut writer = Writer::new(InstanceName::master(), Arc::new(StreamWriters::default()));
+/// writer.advance(&StreamName::Caches, Token(0))?;
+/// let session = ServerSession::new("example.com", writer, Instant::now())?;
+/// smol::block_on(async {
+///     let mut server = TcpServer::bind(SmolRuntime, "127.0.0.1:9092", session).await?;
+///     loop {
+///         let event = server.next_event().await;
+///         println!("{event:?}");
+///     }
+/// })
+/// # }
+/// # #[cfg(not(feature = "runtime-smol"))]
+/// # fn main() {}
+/// ```
+pub struct TcpServer<R: Runtime> {
+    runtime: R,
+    listener: Box<dyn Listener>,
+    session: ServerSession,
+    links: BTreeMap<ClientId, ServerLink>,
+    events: VecDeque<TcpServerEvent>,
+    timer: Timer,
+    read_buffer: BytesMut,
+    options: TcpServerOptions,
+    accept_pause: Option<BoxFuture<'static, ()>>,
+}
+
+impl<R: Runtime> fmt::Debug for TcpServer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpServer")
+            .field("local_addr", &self.listener.local_addr().ok())
+            .field("clients", &self.links.len())
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> TcpServer<R> {
+    /// Listens on `addr` (`host:port`, port 0 picks one) with the default
+    /// options.
+    pub async fn bind(runtime: R, addr: &str, session: ServerSession) -> io::Result<TcpServer<R>> {
+        TcpServer::bind_with(runtime, addr, session, TcpServerOptions::default()).await
+    }
+
+    /// Listens on `addr` with the given options.
+    pub async fn bind_with(
+        runtime: R,
+        addr: &str,
+        mut session: ServerSession,
+        options: TcpServerOptions,
+    ) -> io::Result<TcpServer<R>> {
+        let listener = runtime.listen(addr).await?;
+        session.set_wall_clock(runtime.now(), SystemTime::now());
+        Ok(TcpServer {
+            runtime,
+            listener,
+            session,
+            links: BTreeMap::new(),
+            events: VecDeque::new(),
+            timer: Timer::new(),
+            read_buffer: BytesMut::new(),
+            options,
+            accept_pause: None,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The session.
+    pub fn session(&self) -> &ServerSession {
+        &self.session
+    }
+
+    /// The session, to write rows and send commands. Do not `accept` or
+    /// disconnect clients through it: the server does.
+    pub fn session_mut(&mut self) -> &mut ServerSession {
+        &mut self.session
+    }
+
+    /// Drives every connection until there is something to report. Never
+    /// ends: a failing client only ends its own connection.
+    pub async fn next_event(&mut self) -> TcpServerEvent {
+        poll_fn(|cx| self.poll_next_event(cx)).await
+    }
+
+    /// Polls for the next event; see [`next_event`](TcpServer::next_event).
+    pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<TcpServerEvent> {
+        for _ in 0..BUDGET {
+            if let Some(event) = self.events.pop_front() {
+                return Poll::Ready(event);
+            }
+            let now = self.runtime.now();
+            let mut progress = self.poll_accept(cx, now);
+            progress |= self.poll_links(cx, now);
+            if let Some(deadline) = self.session.poll_timeout() {
+                if self.timer.poll(&self.runtime, deadline, now, cx) {
+                    self.session.handle_timeout(now.max(deadline));
+                    progress = true;
+                }
+            }
+            self.drain_session();
+            if !progress && self.events.is_empty() {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn drain_session(&mut self) {
+        while let Some(event) = self.session.poll_event() {
+            if let ServerEvent::Closing { client, error } = &event {
+                if let Some(link) = self.links.get_mut(client) {
+                    link.error = Some(error.to_string());
+                }
+            }
+            self.events.push_back(TcpServerEvent::Session(event));
+        }
+    }
+
+    fn poll_accept(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        if let Some(pause) = self.accept_pause.as_mut() {
+            if pause.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.accept_pause = None;
+        }
+        let mut progress = false;
+        for _ in 0..BUDGET {
+            match self.listener.poll_accept(cx) {
+                Poll::Ready(Ok((io, peer))) => {
+                    let client = self.session.accept(now);
+                    self.links.insert(
+                        client,
+                        ServerLink {
+                            link: Link::new(io),
+                            error: None,
+                        },
+                    );
+                    self.events
+                        .push_back(TcpServerEvent::Accepted { client, peer });
+                    progress = true;
+                }
+                Poll::Ready(Err(error)) => {
+                    self.events.push_back(TcpServerEvent::AcceptFailed(error));
+                    let until = now + self.options.accept_pause;
+                    self.accept_pause = Some(self.runtime.sleep_until(until));
+                    return true;
+                }
+                Poll::Pending => return progress,
+            }
+        }
+        cx.waker().wake_by_ref();
+        progress
+    }
+
+    fn poll_links(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        let mut progress = false;
+        let mut gone = Vec::new();
+        for (&client, server_link) in self.links.iter_mut() {
+            let session = &mut self.session;
+            let link = &mut server_link.link;
+            let state = session.client_state(client);
+            if matches!(state, None | Some(ConnectionState::Aborted)) {
+                gone.push((
+                    client,
+                    Disconnect::Fatal(server_link.error.take().unwrap_or_default()),
+                ));
+                continue;
+            }
+            let written = match link.poll_write(cx, || session.poll_transmit(client)) {
+                Ok(written) => written,
+                Err(error) => {
+                    gone.push((client, Disconnect::Io(error)));
+                    continue;
+                }
+            };
+            progress |= written.progress;
+            if state == Some(ConnectionState::Closing) {
+                if written.drained {
+                    match link.poll_close(cx) {
+                        Poll::Ready(_) => {
+                            let message = server_link.error.take().unwrap_or_default();
+                            gone.push((client, Disconnect::Fatal(message)));
+                        }
+                        Poll::Pending => {}
+                    }
+                }
+                continue;
+            }
+            match link.poll_read(cx, &mut self.read_buffer, self.options.read_buffer) {
+                Poll::Ready(Ok(Some(bytes))) => {
+                    session.handle_input(client, bytes, now);
+                    progress = true;
+                }
+                Poll::Ready(Ok(None)) => gone.push((client, Disconnect::Closed)),
+                Poll::Ready(Err(error)) => gone.push((client, Disconnect::Io(error))),
+                Poll::Pending => {}
+            }
+        }
+        for (client, reason) in gone {
+            self.links.remove(&client);
+            self.session.disconnected(client);
+            self.events
+                .push_back(TcpServerEvent::Disconnected { client, reason });
+            progress = true;
+        }
+        progress
+    }
+}
+
+/// Options of a [`TcpClient`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TcpClientOptions {
+    /// The first reconnection delay (100 ms); it doubles after each failed
+    /// attempt, with jitter (see [`Backoff`]).
+    pub initial_backoff: Duration,
+    /// The longest reconnection delay (5 s).
+    pub max_backoff: Duration,
+    /// A connection that was ready for this long resets the delay (5 s),
+    /// so that a server that accepts and then drops clients at once is not
+    /// hammered.
+    pub stable_after: Duration,
+    /// Give up a connection attempt after this long (30 s, as Synapse).
+    pub connect_timeout: Duration,
+    /// The first delay before asking a failed catch-up again (500 ms,
+    /// doubling to `max_backoff`).
+    pub catch_up_backoff: Duration,
+    /// Bytes read from the socket at once (64 KiB).
+    pub read_buffer: usize,
+}
+
+impl Default for TcpClientOptions {
+    fn default() -> Self {
+        TcpClientOptions {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            stable_after: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(30),
+            catch_up_backoff: Duration::from_millis(500),
+            read_buffer: 64 << 10,
+        }
+    }
+}
+
+/// What a [`TcpClient`] tells the application.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TcpClientEvent {
+    /// The TCP connection is up; `NAME`, `PING` and `REPLICATE` are on
+    /// their way. Send what the server must hear on every connection now
+    /// (Synapse's workers send a `USER_SYNC` per syncing user).
+    Connected,
+    /// Connecting failed; the next attempt is in `retry_in`.
+    ConnectFailed {
+        /// Why.
+        error: io::Error,
+        /// The delay before the next attempt.
+        retry_in: Duration,
+    },
+    /// The connection ended; the next attempt is in `retry_in`. The
+    /// follower dropped what belonged to the connection (open batches,
+    /// commands held behind catch-ups); on the next connection the
+    /// server's `POSITION`s show what was missed, and catch-ups fetch it.
+    Disconnected {
+        /// Why.
+        reason: Disconnect,
+        /// The delay before reconnecting.
+        retry_in: Duration,
+    },
+    /// What the session reports: the handshake, the follower's events, the
+    /// server's commands and errors.
+    Session(ClientEvent),
+    /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
+    /// new id) after `retry_in`.
+    CatchUpFailed {
+        /// The request that failed.
+        request: CatchUpRequest,
+        /// Why.
+        error: BoxError,
+        /// The delay before asking again.
+        retry_in: Duration,
+    },
+    /// A command given to a [`CommandSender`] could not be sent (not
+    /// connected, or refused); it was dropped.
+    SendFailed {
+        /// The command.
+        command: CommandKind,
+        /// Why.
+        error: SendError,
+    },
+}
+
+/// Sends commands to a [`TcpClient`] from other tasks; they are queued for
+/// the server during its next [`next_event`](TcpClient::next_event).
+#[derive(Clone, Debug)]
+pub struct CommandSender(mpsc::UnboundedSender<Command>);
+
+impl CommandSender {
+    /// Queues `command`; gives it back if the client is gone.
+    pub fn send(&self, command: Command) -> Result<(), Box<Command>> {
+        self.0
+            .unbounded_send(command)
+            .map_err(|error| Box::new(error.into_inner()))
+    }
+}
+
+struct Live {
+    link: Link,
+    ready_at: Option<Instant>,
+    error: Option<String>,
+}
+
+enum ClientState {
+    Start,
+    Connecting {
+        connect: BoxFuture<'static, io::Result<BoxConnection>>,
+        timeout: BoxFuture<'static, ()>,
+    },
+    Connected(Box<Live>),
+    Waiting(BoxFuture<'static, ()>),
+    Shutdown,
+}
+
+enum Fetched {
+    Page(CatchUpRequest, Result<CatchUpPage, BoxError>),
+    Retry(CatchUpId),
+}
+
+/// A direct TCP replication client: connects a [`ClientSession`] to a
+/// server and reconnects forever, with backoff.
+///
+/// Nothing happens unless [`next_event`](TcpClient::next_event) is awaited:
+/// it connects, reads, writes, runs the timers and the catch-ups, and
+/// returns as soon as there is something to report. Apply the follower's
+/// events in order as they come; a client whose application stops calling
+/// `next_event` stops answering pings and is disconnected by the server.
+///
+/// Reconnecting: after a lost connection the next attempt waits a delay
+/// that doubles from [`TcpClientOptions::initial_backoff`] up to
+/// [`TcpClientOptions::max_backoff`] (5 s), with jitter; a connection that
+/// stayed ready for [`TcpClientOptions::stable_after`] resets it. The first
+/// attempt is immediate.
+pub struct TcpClient<R: Runtime> {
+    runtime: R,
+    addr: String,
+    options: TcpClientOptions,
+    session: ClientSession,
+    state: ClientState,
+    events: VecDeque<TcpClientEvent>,
+    source: Option<Arc<dyn CatchUpSource>>,
+    fetches: FuturesUnordered<BoxFuture<'static, Fetched>>,
+    backoff: Backoff,
+    catch_up_backoff: Backoff,
+    timer: Timer,
+    read_buffer: BytesMut,
+    commands: mpsc::UnboundedReceiver<Command>,
+    sender: mpsc::UnboundedSender<Command>,
+}
+
+impl<R: Runtime> fmt::Debug for TcpClient<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            ClientState::Start => "start",
+            ClientState::Connecting { .. } => "connecting",
+            ClientState::Connected(_) => "connected",
+            ClientState::Waiting(_) => "waiting",
+            ClientState::Shutdown => "shut down",
+        };
+        f.debug_struct("TcpClient")
+            .field("addr", &self.addr)
+            .field("state", &state)
+            .field("session", &self.session)
+            .field("fetches", &self.fetches.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> TcpClient<R> {
+    /// A client of the server at `addr` (`host:port`) with the default
+    /// options. It connects on the first
+    /// [`next_event`](TcpClient::next_event).
+    pub fn new(runtime: R, addr: impl Into<String>, session: ClientSession) -> TcpClient<R> {
+        TcpClient::with_options(runtime, addr, session, TcpClientOptions::default())
+    }
+
+    /// A client with the given options.
+    pub fn with_options(
+        runtime: R,
+        addr: impl Into<String>,
+        session: ClientSession,
+        options: TcpClientOptions,
+    ) -> TcpClient<R> {
+        let (sender, commands) = mpsc::unbounded();
+        TcpClient {
+            runtime,
+            addr: addr.into(),
+            backoff: Backoff::new(options.initial_backoff, options.max_backoff),
+            catch_up_backoff: Backoff::new(options.catch_up_backoff, options.max_backoff),
+            options,
+            session,
+            state: ClientState::Start,
+            events: VecDeque::new(),
+            source: None,
+            fetches: FuturesUnordered::new(),
+            timer: Timer::new(),
+            read_buffer: BytesMut::new(),
+            commands,
+            sender,
+        }
+    }
+
+    /// Fetches missed rows from `source`: every catch-up the follower asks
+    /// for is fetched and applied by the client, failures retried with
+    /// backoff. The follower's `CatchUp` events are still reported.
+    #[must_use]
+    pub fn with_catch_up(mut self, source: Arc<dyn CatchUpSource>) -> TcpClient<R> {
+        self.source = Some(source);
+        self
+    }
+
+    /// The session (the follower, the connection's state).
+    pub fn session(&self) -> &ClientSession {
+        &self.session
+    }
+
+    /// The session, to seed positions through its follower. Do not
+    /// connect or disconnect it: the client does.
+    pub fn session_mut(&mut self) -> &mut ClientSession {
+        &mut self.session
+    }
+
+    /// A handle to send commands from other tasks.
+    pub fn sender(&self) -> CommandSender {
+        CommandSender(self.sender.clone())
+    }
+
+    /// Queues a command for the server (see [`ClientSession::send`]); it is
+    /// written during the next [`next_event`](TcpClient::next_event).
+    pub fn send(&mut self, command: Command) -> Result<(), SendError> {
+        self.session.send(command)
+    }
+
+    /// Answers a catch-up the application fetched itself (without a
+    /// [`CatchUpSource`]).
+    pub fn handle_catch_up(
+        &mut self,
+        id: CatchUpId,
+        page: CatchUpPage,
+    ) -> Result<(), CatchUpError> {
+        self.session.handle_catch_up(id, page)
+    }
+
+    /// A catch-up the application fetched itself failed: it is asked again.
+    pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        self.session.catch_up_failed(id)
+    }
+
+    /// Whether the connection is up and the server greeted as expected.
+    pub fn is_ready(&self) -> bool {
+        self.session.is_ready()
+    }
+
+    /// Drives the connection until there is something to report; `None`
+    /// once [`close`](TcpClient::close) was called.
+    pub async fn next_event(&mut self) -> Option<TcpClientEvent> {
+        poll_fn(|cx| self.poll_next_event(cx)).await
+    }
+
+    /// Writes what is queued (within
+    /// [`TcpConfig::close_timeout`](crate::session::TcpConfig::close_timeout)),
+    /// closes the connection and stops: [`next_event`](TcpClient::next_event)
+    /// returns `None` from now on.
+    pub async fn close(&mut self) {
+        if let ClientState::Connected(live) = &mut self.state {
+            let deadline = self.runtime.now() + self.session.config().close_timeout;
+            let mut sleep = self.runtime.sleep_until(deadline);
+            let session = &mut self.session;
+            poll_fn(|cx| {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                match live.link.poll_write(cx, || session.poll_transmit()) {
+                    Ok(written) if written.drained => live.link.poll_close(cx).map(|_| ()),
+                    Ok(_) => Poll::Pending,
+                    Err(_) => Poll::Ready(()),
+                }
+            })
+            .await;
+        }
+        if !matches!(self.state, ClientState::Shutdown) {
+            self.session.disconnected();
+        }
+        self.state = ClientState::Shutdown;
+        self.fetches = FuturesUnordered::new();
+        self.events.clear();
+    }
+
+    /// Polls for the next event; see [`next_event`](TcpClient::next_event).
+    pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<TcpClientEvent>> {
+        for _ in 0..BUDGET {
+            if let Some(event) = self.events.pop_front() {
+                return Poll::Ready(Some(event));
+            }
+            if matches!(self.state, ClientState::Shutdown) {
+                return Poll::Ready(None);
+            }
+            let mut progress = self.poll_commands(cx);
+            progress |= self.poll_fetches(cx);
+            progress |= self.poll_state(cx);
+            self.drain_session();
+            if !progress && self.events.is_empty() {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while let Poll::Ready(Some(command)) = self.commands.poll_next_unpin(cx) {
+            progress = true;
+            let kind = command.kind();
+            if let Err(error) = self.session.send(command) {
+                self.events.push_back(TcpClientEvent::SendFailed {
+                    command: kind,
+                    error,
+                });
+            }
+        }
+        progress
+    }
+
+    fn poll_fetches(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while let Poll::Ready(Some(fetched)) = self.fetches.poll_next_unpin(cx) {
+            progress = true;
+            match fetched {
+                Fetched::Page(request, Ok(page)) => {
+                    match self.session.handle_catch_up(request.id, page) {
+                        Ok(()) => self.catch_up_backoff.reset(),
+                        Err(error) => self.retry_catch_up(request, Box::new(error)),
+                    }
+                }
+                Fetched::Page(request, Err(error)) => self.retry_catch_up(request, error),
+                Fetched::Retry(id) => {
+                    // Unknown ids were answered meanwhile: nothing to ask.
+                    let _ = self.session.catch_up_failed(id);
+                }
+            }
+        }
+        progress
+    }
+
+    fn retry_catch_up(&mut self, request: CatchUpRequest, error: BoxError) {
+        let retry_in = self.catch_up_backoff.next_delay();
+        let sleep = self.runtime.sleep_until(self.runtime.now() + retry_in);
+        let id = request.id;
+        self.fetches.push(Box::pin(async move {
+            sleep.await;
+            Fetched::Retry(id)
+        }));
+        self.events.push_back(TcpClientEvent::CatchUpFailed {
+            request,
+            error,
+            retry_in,
+        });
+    }
+
+    fn drain_session(&mut self) {
+        while let Some(event) = self.session.poll_event() {
+            match &event {
+                ClientEvent::Follower(FollowerEvent::CatchUp(request)) => {
+                    if let Some(source) = &self.source {
+                        let request = request.clone();
+                        let fetch = source.fetch(request.clone());
+                        self.fetches
+                            .push(Box::pin(async move { Fetched::Page(request, fetch.await) }));
+                    }
+                }
+                ClientEvent::Closing(error) => {
+                    if let ClientState::Connected(live) = &mut self.state {
+                        live.error = Some(error.to_string());
+                    }
+                }
+                _ => {}
+            }
+            self.events.push_back(TcpClientEvent::Session(event));
+        }
+    }
+
+    fn poll_state(&mut self, cx: &mut Context<'_>) -> bool {
+        let now = self.runtime.now();
+        match &mut self.state {
+            ClientState::Shutdown => false,
+            ClientState::Start => {
+                self.start_connecting(now);
+                true
+            }
+            ClientState::Waiting(sleep) => {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return false;
+                }
+                self.start_connecting(now);
+                true
+            }
+            ClientState::Connecting { connect, timeout } => {
+                let result = match connect.as_mut().poll(cx) {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => match timeout.as_mut().poll(cx) {
+                        Poll::Ready(()) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "connection attempt timed out",
+                        )),
+                        Poll::Pending => return false,
+                    },
+                };
+                match result {
+                    Ok(io) => {
+                        self.session.set_wall_clock(now, SystemTime::now());
+                        self.session.connect(now);
+                        self.state = ClientState::Connected(Box::new(Live {
+                            link: Link::new(io),
+                            ready_at: None,
+                            error: None,
+                        }));
+                        self.events.push_back(TcpClientEvent::Connected);
+                    }
+                    Err(error) => {
+                        let retry_in = self.wait(now);
+                        self.events
+                            .push_back(TcpClientEvent::ConnectFailed { error, retry_in });
+                    }
+                }
+                true
+            }
+            ClientState::Connected(_) => self.poll_connected(cx, now),
+        }
+    }
+
+    fn start_connecting(&mut self, now: Instant) {
+        let deadline = now + self.options.connect_timeout;
+        self.state = ClientState::Connecting {
+            connect: self.runtime.connect(&self.addr),
+            timeout: self.runtime.sleep_until(deadline),
+        };
+    }
+
+    /// Schedules the next attempt; returns its delay.
+    fn wait(&mut self, now: Instant) -> Duration {
+        let retry_in = self.backoff.next_delay();
+        self.state = ClientState::Waiting(self.runtime.sleep_until(now + retry_in));
+        retry_in
+    }
+
+    fn poll_connected(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        let ClientState::Connected(live) = &mut self.state else {
+            return false;
+        };
+        let session = &mut self.session;
+        if live.ready_at.is_none() && session.is_ready() {
+            live.ready_at = Some(now);
+        }
+        let state = session.state();
+        if matches!(state, None | Some(ConnectionState::Aborted)) {
+            let message = live.error.take().unwrap_or_default();
+            self.lost(Disconnect::Fatal(message), now);
+            return true;
+        }
+        let written = match live.link.poll_write(cx, || session.poll_transmit()) {
+            Ok(written) => written,
+            Err(error) => {
+                self.lost(Disconnect::Io(error), now);
+                return true;
+            }
+        };
+        let mut progress = written.progress;
+        if state == Some(ConnectionState::Closing) {
+            if written.drained && live.link.poll_close(cx).is_ready() {
+                let message = live.error.take().unwrap_or_default();
+                self.lost(Disconnect::Fatal(message), now);
+                return true;
+            }
+        } else {
+            match live
+                .link
+                .poll_read(cx, &mut self.read_buffer, self.options.read_buffer)
+            {
+                Poll::Ready(Ok(Some(bytes))) => {
+                    session.handle_input(bytes, now);
+                    progress = true;
+                }
+                Poll::Ready(Ok(None)) => {
+                    self.lost(Disconnect::Closed, now);
+                    return true;
+                }
+                Poll::Ready(Err(error)) => {
+                    self.lost(Disconnect::Io(error), now);
+                    return true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if let Some(deadline) = self.session.poll_timeout() {
+            if self.timer.poll(&self.runtime, deadline, now, cx) {
+                self.session.handle_timeout(now.max(deadline));
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    fn lost(&mut self, reason: Disconnect, now: Instant) {
+        let stable = match &self.state {
+            ClientState::Connected(live) => live.ready_at.is_some_and(|ready| {
+                now.saturating_duration_since(ready) >= self.options.stable_after
+            }),
+            _ => false,
+        };
+        if stable {
+            self.backoff.reset();
+        }
+        self.session.disconnected();
+        self.drain_session();
+        let retry_in = self.wait(now);
+        self.events
+            .push_back(TcpClientEvent::Disconnected { reason, retry_in });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drivers can be moved to a spawned task.
+    #[test]
+    fn drivers_are_send() {
+        fn send<T: Send>() {}
+        send::<TcpClient<Arc<dyn Runtime>>>();
+        send::<TcpServer<Arc<dyn Runtime>>>();
+        send::<TcpClientEvent>();
+        send::<TcpServerEvent>();
+        send::<CommandSender>();
+    }
+}
