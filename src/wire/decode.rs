@@ -1,6 +1,6 @@
 //! One line of bytes to one [`Command`].
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use bytestring::ByteString;
 use nom::bytes::complete::{tag, take_till};
 use nom::{IResult, Parser};
@@ -77,6 +77,14 @@ impl Decoder {
                 max: self.max_line_len,
             });
         }
+        // Most lines are rows, and most others positions: go straight to
+        // them.
+        if line.starts_with(RDATA) {
+            return decode_rdata(line).map(Some);
+        }
+        if line.starts_with(POSITION) {
+            return decode_position(&line).map(|position| Some(Command::Position(position)));
+        }
         // A line starting with a letter is not blank: skip the scan.
         if !line.first().is_some_and(u8::is_ascii_alphabetic) && is_blank(&line) {
             return Ok(None);
@@ -87,6 +95,7 @@ impl Decoder {
 
 impl Command {
     /// Decodes one line with the default [`Decoder`].
+    #[inline]
     pub fn decode(line: Bytes) -> Result<Option<Command>, DecodeError> {
         Decoder::new().decode(line)
     }
@@ -141,26 +150,31 @@ fn text(
     })
 }
 
+#[inline(always)]
 fn instance_name(
     line: &Bytes,
     command: CommandKind,
     field: &'static str,
     value: &[u8],
 ) -> Result<InstanceName, DecodeError> {
-    if value.is_empty() {
-        return Err(DecodeError::InvalidField {
-            command,
-            field,
-            expected: "a non-empty name",
-            input: String::new(),
-        });
+    match InstanceName::from_line(line, value) {
+        Some(name) if !value.is_empty() => Ok(name),
+        _ => Err(invalid_instance_name(command, field, value)),
     }
-    InstanceName::from_line(line, value).ok_or_else(|| DecodeError::InvalidField {
+}
+
+#[cold]
+fn invalid_instance_name(command: CommandKind, field: &'static str, value: &[u8]) -> DecodeError {
+    DecodeError::InvalidField {
         command,
         field,
-        expected: "UTF-8 text",
+        expected: if value.is_empty() {
+            "a non-empty name"
+        } else {
+            "UTF-8 text"
+        },
         input: snippet(value),
-    })
+    }
 }
 
 fn name(
@@ -180,15 +194,25 @@ fn name(
     text(line, command, field, value)
 }
 
+#[inline(always)]
 fn stream_name(
     line: &Bytes,
     command: CommandKind,
     value: &[u8],
 ) -> Result<StreamName, DecodeError> {
     // Known names are matched without touching the line's reference count.
-    if let Some(known) = StreamName::known_bytes(value) {
-        return Ok(known);
+    match StreamName::known_bytes(value) {
+        Some(known) => Ok(known),
+        None => other_stream_name(line, command, value),
     }
+}
+
+#[cold]
+fn other_stream_name(
+    line: &Bytes,
+    command: CommandKind,
+    value: &[u8],
+) -> Result<StreamName, DecodeError> {
     Ok(StreamName::Other(name(
         line,
         command,
@@ -215,6 +239,18 @@ fn parse_i64(text: &[u8]) -> Option<i64> {
     };
     if digits.is_empty() {
         return None;
+    }
+    // Eighteen digits cannot overflow: no checks but for digits.
+    if digits.len() <= 18 {
+        let mut value: i64 = 0;
+        for &byte in digits {
+            let digit = byte.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            value = value * 10 + i64::from(digit);
+        }
+        return Some(if negative { -value } else { value });
     }
     let mut value: i64 = 0;
     for &byte in digits {
@@ -256,16 +292,13 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
             name: snippet(name_bytes),
         });
     };
-    if kind == CommandKind::Rdata {
-        // The hot path checks for newlines as it goes.
-        return decode_rdata(line, rest).map(Command::Rdata);
-    }
     if rest.contains(&b'\n') {
         return Err(DecodeError::Newline);
     }
     let simple = |field| text(line, kind, field, rest);
     Ok(match kind {
-        CommandKind::Rdata => Command::Rdata(decode_rdata(line, rest)?),
+        // `RDATA ` lines never get here; `RDATA` alone lacks its fields.
+        CommandKind::Rdata => return decode_rdata_cold(line.clone()),
         CommandKind::Position => {
             let [stream, instance, prev, new] = split(
                 kind,
@@ -370,30 +403,200 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
     })
 }
 
-/// The next space-separated field of an RDATA line and what follows it.
-fn rdata_field<'a>(
-    rest: &'a [u8],
-    next: &'static str,
-) -> Result<(&'a [u8], &'a [u8]), DecodeError> {
-    match rest.iter().position(|b| *b == b' ' || *b == b'\n') {
-        Some(end) if rest[end] == b' ' => Ok((&rest[..end], &rest[end + 1..])),
-        Some(_) => Err(DecodeError::Newline),
-        None => Err(DecodeError::MissingField {
-            command: CommandKind::Rdata,
-            field: next,
+/// [`decode_rdata`] for `RDATA` lines without the space after the name.
+#[inline(never)]
+fn decode_rdata_cold(line: Bytes) -> Result<Command, DecodeError> {
+    decode_rdata(line)
+}
+
+/// How every complete `RDATA` line starts.
+const RDATA: &[u8] = b"RDATA ";
+
+/// How every complete `POSITION` line starts.
+const POSITION: &[u8] = b"POSITION ";
+
+/// Decodes a `POSITION` line, as [`decode_command`] would.
+#[inline(never)]
+fn decode_position(line: &Bytes) -> Result<Position, DecodeError> {
+    let kind = CommandKind::Position;
+    if line
+        .get(POSITION.len()..)
+        .unwrap_or_default()
+        .contains(&b'\n')
+    {
+        return Err(DecodeError::Newline);
+    }
+    let [stream_end, instance_end, prev_end] = three_spaces(
+        line,
+        POSITION.len(),
+        kind,
+        ["stream name", "instance name", "prev_token", "new_token"],
+    )?;
+    let part = |start: usize, end: usize| line.get(start..end).unwrap_or_default();
+    let token = |field, start, end| match token_at(line, start, end) {
+        Some(value) => Ok(Token(value)),
+        None => Err(DecodeError::InvalidToken {
+            command: kind,
+            field,
+            input: snippet(part(start, end)),
         }),
+    };
+    Ok(Position {
+        stream: stream_name(line, kind, part(POSITION.len(), stream_end))?,
+        instance: instance_name(
+            line,
+            kind,
+            "instance name",
+            part(stream_end + 1, instance_end),
+        )?,
+        prev_token: token("prev_token", instance_end + 1, prev_end)?,
+        new_token: token("new_token", prev_end + 1, line.len())?,
+    })
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const LOWS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of every byte of `word` that is a space or a newline; exact
+/// for every byte (no borrows between bytes).
+const fn spaces_and_newlines(word: u64) -> u64 {
+    let spaces = word ^ (ONES * b' ' as u64);
+    let newlines = word ^ (ONES * b'\n' as u64);
+    // A byte's high bit is set in `nonzero(x)` iff the byte of x is not zero.
+    const fn nonzero(x: u64) -> u64 {
+        ((x & LOWS) + LOWS) | x
+    }
+    !(nonzero(spaces) & nonzero(newlines)) & HIGHS
+}
+
+/// The eight bytes of `bytes` from `at` as a little-endian word; bytes past
+/// the end read as zero.
+#[inline(always)]
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    match bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        Some(chunk) => u64::from_le_bytes(*chunk),
+        None => short_word_at(bytes, at),
     }
 }
 
-fn decode_rdata(line: &Bytes, rest: &[u8]) -> Result<Rdata, DecodeError> {
+#[cold]
+fn short_word_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0; 8];
+    for (to, from) in word.iter_mut().zip(bytes.get(at..).unwrap_or_default()) {
+        *to = *from;
+    }
+    u64::from_le_bytes(word)
+}
+
+/// The offsets in `line` of the first three spaces from `start`, found
+/// eight bytes at a time: those that end the first three of the four
+/// fields of `command` named in `fields`. A newline before the third space
+/// is [`DecodeError::Newline`]; a missing space makes the field it would
+/// start [`DecodeError::MissingField`].
+#[inline(always)]
+fn three_spaces(
+    line: &[u8],
+    start: usize,
+    command: CommandKind,
+    fields: [&'static str; 4],
+) -> Result<[usize; 3], DecodeError> {
+    let mut spaces = [0; 3];
+    let mut found = 0;
+    let mut base = start;
+    while base < line.len() {
+        let mut marks = spaces_and_newlines(word_at(line, base));
+        while marks != 0 {
+            let at = base + marks.trailing_zeros() as usize / 8;
+            if line.get(at) != Some(&b' ') {
+                return Err(DecodeError::Newline);
+            }
+            match found {
+                0 => spaces[0] = at,
+                1 => spaces[1] = at,
+                _ => {
+                    spaces[2] = at;
+                    return Ok(spaces);
+                }
+            }
+            found += 1;
+            marks &= marks - 1;
+        }
+        base += 8;
+    }
+    Err(DecodeError::MissingField {
+        command,
+        field: match found {
+            0 => fields[1],
+            1 => fields[2],
+            _ => fields[3],
+        },
+    })
+}
+
+/// The token in `line[start..end]`: [`parse_i64`], with up to eight digits
+/// converted eight bytes at a time.
+#[inline(always)]
+fn token_at(line: &[u8], start: usize, end: usize) -> Option<i64> {
+    let len = end.wrapping_sub(start);
+    if (1..=8).contains(&len) {
+        if let Some(word) = end.checked_sub(8).and_then(|from| line.get(from..end)) {
+            if let Some(word) = word.first_chunk::<8>() {
+                // The token fills the high bytes; the bytes before it become
+                // `0`s, leading zeros that change nothing.
+                let keep = u64::MAX << (8 * (8 - len));
+                let zeros = ONES * u64::from(b'0');
+                let word = (u64::from_le_bytes(*word) & keep) | (zeros & !keep);
+                if let Some(value) = eight_digits(word) {
+                    return Some(value as i64);
+                }
+            }
+        }
+    }
+    parse_i64(line.get(start..end).unwrap_or_default())
+}
+
+/// Eight ASCII digits, the first in the lowest byte, as a number; `None` if
+/// any byte is not a digit.
+const fn eight_digits(word: u64) -> Option<u64> {
+    let digits = word.wrapping_sub(ONES * b'0' as u64);
+    // A byte is a digit iff, less `0`, it and it plus 6 are below 16. (A
+    // byte below `0` borrows from the next, but is caught itself.)
+    if (digits | digits.wrapping_add(ONES * 6)) & (ONES * 0xf0) != 0 {
+        return None;
+    }
+    // Combine neighbours: pairs, then fours, then all eight.
+    let pairs = (digits * 10 + (digits >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let fours = (pairs * 100 + (pairs >> 16)) & 0x0000_ffff_0000_ffff;
+    Some((fours * 10000 + (fours >> 32)) & 0xffff_ffff)
+}
+
+/// Decodes an `RDATA` line. The row keeps the line's reference (the row
+/// ends the line), so no reference count is touched.
+#[inline(always)]
+fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
     let kind = CommandKind::Rdata;
-    let (stream, rest) = rdata_field(rest, "instance name")?;
-    let (instance, rest) = rdata_field(rest, "token")?;
-    let (rdata_token, row) = rdata_field(rest, "row")?;
-    let token = match rdata_token {
+    let [stream_end, instance_end, token_end] = three_spaces(
+        &line,
+        RDATA.len(),
+        kind,
+        ["stream name", "instance name", "token", "row"],
+    )?;
+    let part = |start: usize, end: usize| line.get(start..end).unwrap_or_default();
+    let token = match part(instance_end + 1, token_end) {
         b"batch" => RdataToken::Batch,
-        _ => RdataToken::At(token(kind, "token", rdata_token)?),
+        text => match token_at(&line, instance_end + 1, token_end) {
+            Some(value) => RdataToken::At(Token(value)),
+            None => {
+                return Err(DecodeError::InvalidToken {
+                    command: kind,
+                    field: "token",
+                    input: snippet(text),
+                });
+            }
+        },
     };
+    let row = part(token_end + 1, line.len());
     json::validate_row(row).map_err(|source: JsonError| match source {
         JsonError::Newline => DecodeError::Newline,
         source => DecodeError::InvalidJson {
@@ -403,10 +606,19 @@ fn decode_rdata(line: &Bytes, rest: &[u8]) -> Result<Rdata, DecodeError> {
             input: snippet(row),
         },
     })?;
-    Ok(Rdata {
-        stream: stream_name(line, kind, stream)?,
-        instance: instance_name(line, kind, "instance name", instance)?,
+    let stream = stream_name(&line, kind, part(RDATA.len(), stream_end))?;
+    let instance = instance_name(
+        &line,
+        kind,
+        "instance name",
+        part(stream_end + 1, instance_end),
+    )?;
+    let mut row = line;
+    row.advance(token_end + 1);
+    Ok(Command::Rdata(Rdata {
+        stream,
+        instance,
         token,
-        row: RawRow::from_validated(line.slice_ref(row)),
-    })
+        row: RawRow::from_validated(row),
+    }))
 }

@@ -38,6 +38,7 @@ macro_rules! stream_names {
 
             /// [`StreamName::known`] on raw bytes: the decoder's hot path,
             /// which needs no UTF-8 check since every known name is ASCII.
+            #[inline(always)]
             pub(crate) fn known_bytes(name: &[u8]) -> Option<StreamName> {
                 match name {
                     $( $bytes => Some(StreamName::$variant), )*
@@ -129,17 +130,80 @@ impl fmt::Display for StreamName {
 /// The name of a Synapse process: `master` for the main process, or a
 /// worker's `worker_name`.
 ///
-/// Names of up to 30 bytes (all real ones) are stored inline, so decoding
+/// Names of up to 32 bytes (all real ones) are stored inline, so decoding
 /// and cloning one touches no shared counter; longer names share the line
 /// they came from.
 #[derive(Clone)]
 pub struct InstanceName(Repr);
 
-const INLINE: usize = 30;
+const INLINE: usize = 32;
+
+/// The bytes of an inline name, zero-padded; aligned to words, so that
+/// moving a name moves whole words.
+#[derive(Clone, Copy)]
+#[repr(align(8))]
+struct Inline([u8; INLINE]);
+
+/// `bytes` padded with zeros to [`INLINE`] bytes, if no longer, and whether
+/// they are all ASCII.
+///
+/// The bytes are read as (at most) two overlapping pieces, the first and
+/// the last `n` bytes for the largest `n` of 16, 8 and 4 that fits, the
+/// second shifted right by the bytes it shares with the first; then
+/// written once, a word at a time: no call to `memcpy` for a few bytes,
+/// and no stores that a later load would have to piece together.
+#[inline(always)]
+fn inline_bytes(bytes: &[u8]) -> Option<(Inline, bool)> {
+    let len = bytes.len();
+    let words: [u64; 4] = if let (Some(head), Some(tail)) =
+        (bytes.first_chunk::<16>(), bytes.last_chunk::<16>())
+    {
+        if len > INLINE {
+            return None;
+        }
+        let head = u128::from_le_bytes(*head);
+        let tail = u128::from_le_bytes(*tail)
+            .checked_shr(8 * (32 - len) as u32)
+            .unwrap_or(0);
+        [
+            head as u64,
+            (head >> 64) as u64,
+            tail as u64,
+            (tail >> 64) as u64,
+        ]
+    } else if let (Some(head), Some(tail)) = (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
+        let tail = u64::from_le_bytes(*tail)
+            .checked_shr(8 * (16 - len) as u32)
+            .unwrap_or(0);
+        [u64::from_le_bytes(*head), tail, 0, 0]
+    } else if let (Some(head), Some(tail)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+        let tail = u32::from_le_bytes(*tail)
+            .checked_shr(8 * (8 - len) as u32)
+            .unwrap_or(0);
+        [
+            u64::from(u32::from_le_bytes(*head)) | u64::from(tail) << 32,
+            0,
+            0,
+            0,
+        ]
+    } else {
+        let word = bytes
+            .iter()
+            .rev()
+            .fold(0, |word, byte| word << 8 | u64::from(*byte));
+        [word, 0, 0, 0]
+    };
+    let mut inline = [0; INLINE];
+    for (to, word) in inline.chunks_exact_mut(8).zip(words) {
+        to.copy_from_slice(&word.to_le_bytes());
+    }
+    let high = (words[0] | words[1] | words[2] | words[3]) & 0x8080_8080_8080_8080;
+    Some((Inline(inline), high == 0))
+}
 
 #[derive(Clone)]
 enum Repr {
-    Inline { len: u8, bytes: [u8; INLINE] },
+    Inline { len: u8, bytes: Inline },
     Shared(ByteString),
 }
 
@@ -162,12 +226,16 @@ impl InstanceName {
 
     /// A name read from `line` (of which `name` is a part): copied inline
     /// when short, else a shared slice. `None` if it is not UTF-8.
+    #[inline(always)]
     pub(crate) fn from_line(line: &bytes::Bytes, name: &[u8]) -> Option<Self> {
-        if name.len() <= INLINE {
-            if !name.is_ascii() {
+        if let Some((bytes, ascii)) = inline_bytes(name) {
+            if !ascii {
                 std::str::from_utf8(name).ok()?;
             }
-            return Self::inline(name);
+            return Some(InstanceName(Repr::Inline {
+                len: name.len() as u8,
+                bytes,
+            }));
         }
         ByteString::try_from(line.slice_ref(name))
             .ok()
@@ -176,11 +244,9 @@ impl InstanceName {
 
     /// `bytes` (valid UTF-8) stored inline, if short enough.
     fn inline(bytes: &[u8]) -> Option<Self> {
-        let mut inline = [0; INLINE];
-        inline.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(InstanceName(Repr::Inline {
-            len: u8::try_from(bytes.len()).ok()?,
-            bytes: inline,
+            len: bytes.len() as u8,
+            bytes: inline_bytes(bytes)?.0,
         }))
     }
 
@@ -197,7 +263,7 @@ impl InstanceName {
     /// The name's bytes (UTF-8).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.0 {
-            Repr::Inline { len, bytes } => &bytes[..usize::from(*len).min(INLINE)],
+            Repr::Inline { len, bytes } => &bytes.0[..usize::from(*len).min(INLINE)],
             Repr::Shared(name) => name.as_bytes(),
         }
     }

@@ -9,6 +9,10 @@
 //! integers of more than 4300 digits, which Python refuses; so lone
 //! surrogate escapes and huge numbers pass as in Python. It is iterative:
 //! nesting depth costs one bit per level, never stack.
+//!
+//! It is written for compact JSON, which is all Synapse writes: each step
+//! first tries the byte compact JSON has there, and only then skips
+//! whitespace. Strings and digits are skipped eight bytes at a time.
 
 /// Why bytes are not one JSON value. Positions are byte offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,17 +30,18 @@ pub(crate) fn validate(bytes: &[u8]) -> Result<(), Invalid> {
 
 /// [`validate`], refusing `\n` even as whitespace when `newline_ok` is false
 /// (a row inside a wire line cannot hold one).
+#[inline(always)]
 pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
-    let mut recogniser = Recogniser {
-        bytes,
-        at: 0,
-        newline_ok,
+    let non_ascii = if newline_ok {
+        Recogniser::<true> { bytes }.run()?
+    } else {
+        Recogniser::<false> { bytes }.run()?
     };
-    recogniser.run()?;
-    // Outside strings only ASCII is valid JSON, so checking UTF-8 once for
-    // the whole text covers every string in it; the word-at-a-time ASCII
-    // check settles the common case.
-    if !bytes.is_ascii() {
+    // Outside strings only ASCII is valid JSON, and the recogniser saw
+    // every byte inside strings: unless one was not ASCII, the text is
+    // ASCII. Otherwise UTF-8 is checked once for the whole text, which
+    // covers every string in it.
+    if non_ascii {
         if let Err(error) = std::str::from_utf8(bytes) {
             return Err(Invalid {
                 at: error.valid_up_to(),
@@ -67,273 +72,428 @@ const fn bytes_equal(word: u64, byte: u8) -> u64 {
     bytes_below(word ^ (ONES * byte as u64), 1)
 }
 
-struct Recogniser<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    newline_ok: bool,
+/// As [`bytes_below`], for the bytes that end a run of plain string bytes:
+/// `"`, `\` and control characters. Flipping bit 1 maps `"` (0x22) to 0x20
+/// and control characters onto control characters, so one comparison finds
+/// both.
+const fn string_specials(word: u64) -> u64 {
+    bytes_below(word ^ (ONES * 0x02), 0x21) | bytes_equal(word, b'\\')
 }
 
-/// One bit per open container: set for an object, clear for an array.
-struct Nesting {
-    inline: u64,
-    spill: Vec<u64>,
-    depth: usize,
+/// [`string_specials`], non-ASCII bytes included: the fast path, for the
+/// ASCII text that Synapse writes. (Without the non-ASCII bytes, no byte
+/// can borrow but those it flags.)
+const fn ascii_string_specials(word: u64) -> u64 {
+    ((word ^ (ONES * 0x02)).wrapping_sub(ONES * 0x21)
+        | (word ^ (ONES * b'\\' as u64)).wrapping_sub(ONES)
+        | word)
+        & HIGHS
 }
+
+/// As [`bytes_below`], for bytes that are not ASCII digits: below `0`, or
+/// with the high bit set once 0x46 is added (above `9`) or before.
+const fn non_digits(word: u64) -> u64 {
+    bytes_below(word, b'0') | ((word.wrapping_add(ONES * 0x46) | word) & HIGHS)
+}
+
+#[cold]
+#[inline(never)]
+fn fail<T>(at: usize, problem: &'static str) -> Result<T, Invalid> {
+    Err(Invalid { at, problem })
+}
+
+/// [`Recogniser::tail_word`] for a text of fewer than eight bytes: `rest`
+/// as a little-endian word, zero-padded.
+#[cold]
+#[inline(never)]
+fn short_word(rest: &[u8]) -> u64 {
+    let mut word = [0; 8];
+    for (to, from) in word.iter_mut().zip(rest) {
+        *to = *from;
+    }
+    u64::from_le_bytes(word)
+}
+
+/// The recogniser: the cursor is an offset into `bytes`, kept in a local.
+struct Recogniser<'a, const NEWLINE_OK: bool> {
+    bytes: &'a [u8],
+}
+
+/// The open containers: one bit each (set for an object, clear for an
+/// array) above a sentinel bit, innermost lowest; every 63 levels spill to
+/// the heap. A plain word, so that it lives in a register.
+#[derive(Clone, Copy)]
+struct Nesting(u64);
 
 impl Nesting {
-    fn push(&mut self, object: bool) {
-        if self.depth > 0 && self.depth % 64 == 0 {
-            self.spill.push(self.inline);
-            self.inline = 0;
+    const EMPTY: Nesting = Nesting(1);
+
+    #[inline(always)]
+    fn push(&mut self, object: bool, spill: &mut Vec<u64>) {
+        if self.0 >> 63 != 0 {
+            spill.push(self.0);
+            *self = Self::EMPTY;
         }
-        self.inline = (self.inline << 1) | u64::from(object);
-        self.depth += 1;
+        self.0 = (self.0 << 1) | u64::from(object);
     }
 
-    /// Pops the innermost container; true if it was an object.
-    fn pop(&mut self) -> bool {
-        let object = self.inline & 1 == 1;
-        self.inline >>= 1;
-        self.depth -= 1;
-        if self.depth > 0 && self.depth % 64 == 0 {
-            self.inline = self.spill.pop().unwrap_or(0);
+    /// Pops the innermost container; true if it was the outermost.
+    #[inline(always)]
+    fn pop(&mut self, spill: &mut Vec<u64>) -> bool {
+        self.0 >>= 1;
+        if self.0 == Self::EMPTY.0 {
+            match spill.pop() {
+                Some(bits) => self.0 = bits,
+                None => return true,
+            }
         }
-        object
+        false
     }
 
-    fn in_object(&self) -> bool {
-        self.inline & 1 == 1
+    fn in_object(self) -> bool {
+        self.0 & 1 == 1
+    }
+
+    /// The byte that closes the innermost container: `]` (0x5d) or `}`
+    /// (0x7d).
+    fn closer(self) -> u8 {
+        b']' + 0x20 * (self.0 & 1) as u8
     }
 }
 
-impl Recogniser<'_> {
-    fn fail<T>(&self, problem: &'static str) -> Result<T, Invalid> {
-        Err(Invalid {
-            at: self.at,
-            problem,
-        })
+impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
+    #[inline(always)]
+    fn byte(&self, at: usize) -> Option<u8> {
+        self.bytes.get(at).copied()
     }
 
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
+    fn is_whitespace(byte: u8) -> bool {
+        byte == b' ' || byte == b'\t' || byte == b'\r' || (NEWLINE_OK && byte == b'\n')
     }
 
-    fn skip_whitespace(&mut self) -> Option<u8> {
-        while let Some(byte) = self.peek() {
-            // Compact JSON (all Synapse writes) has no whitespace: one
-            // comparison settles it.
-            if byte > b' ' {
-                return Some(byte);
+    fn skip_whitespace(&self, mut at: usize) -> usize {
+        while let Some(byte) = self.byte(at) {
+            if !Self::is_whitespace(byte) {
+                break;
             }
-            let whitespace = byte == b' '
-                || byte == b'\t'
-                || byte == b'\r'
-                || (byte == b'\n' && self.newline_ok);
-            if !whitespace {
-                return Some(byte);
-            }
-            self.at += 1;
+            at += 1;
         }
-        None
+        at
     }
 
-    fn run(&mut self) -> Result<(), Invalid> {
-        let mut nesting = Nesting {
-            inline: 0,
-            spill: Vec::new(),
-            depth: 0,
-        };
+    /// The eight bytes from `at` as a little-endian word; bytes past the
+    /// end read as zero (a control character and not a digit, so scans stop
+    /// there).
+    #[inline(always)]
+    fn word(&self, at: usize) -> u64 {
+        if let Some(chunk) = self.bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+            return u64::from_le_bytes(*chunk);
+        }
+        self.tail_word(at)
+    }
+
+    /// [`Recogniser::word`] less than eight bytes from the end.
+    #[inline(always)]
+    fn tail_word(&self, at: usize) -> u64 {
+        let rest = self.bytes.len().saturating_sub(at);
+        match self.bytes.last_chunk::<8>() {
+            // Load the text's last eight bytes and shift out those before
+            // `at`.
+            Some(last) => u64::from_le_bytes(*last)
+                .checked_shr(8 * (8 - rest as u32))
+                .unwrap_or(0),
+            None => short_word(self.bytes.get(at..).unwrap_or_default()),
+        }
+    }
+
+    /// Recognises the text; returns whether any string held a non-ASCII
+    /// byte.
+    fn run(&self) -> Result<bool, Invalid> {
+        let mut non_ascii = false;
+        let mut at = self.skip_whitespace(0);
+        if !matches!(self.byte(at), Some(b'[' | b'{')) {
+            return self.scalar(at);
+        }
+        let mut nesting = Nesting::EMPTY;
+        let mut spill = Vec::new();
         'value: loop {
-            // A value is expected here. An if-chain in order of frequency
-            // in rows, rather than a match: a jump table's indirect branch
-            // mispredicts on every value.
-            let Some(byte) = self.skip_whitespace() else {
-                return self.fail("expected a value");
+            // A value is expected at `at`. An if-chain in order of
+            // frequency in rows.
+            let Some(byte) = self.byte(at) else {
+                return fail(at, "expected a value");
             };
             if byte == b'"' {
-                self.string()?;
+                at = self.string(at + 1, &mut non_ascii)?;
             } else if byte == b'n' {
-                self.literal(b"null")?;
+                at = self.literal(at, b"null")?;
             } else if byte.is_ascii_digit() || byte == b'-' {
-                self.number()?;
+                at = self.number(at)?;
             } else if byte == b'[' {
-                self.at += 1;
-                if self.skip_whitespace() == Some(b']') {
-                    self.at += 1;
-                } else {
-                    nesting.push(false);
+                nesting.push(false, &mut spill);
+                at = self.skip_whitespace(at + 1);
+                if self.byte(at) != Some(b']') {
                     continue 'value;
                 }
+                // An empty array: the loop below closes it.
             } else if byte == b'{' {
-                self.at += 1;
-                match self.skip_whitespace() {
-                    Some(b'}') => self.at += 1,
+                nesting.push(true, &mut spill);
+                at = self.skip_whitespace(at + 1);
+                match self.byte(at) {
                     Some(b'"') => {
-                        nesting.push(true);
-                        self.key()?;
+                        at = self.key(at + 1, &mut non_ascii)?;
                         continue 'value;
                     }
-                    _ => return self.fail("expected a string key or `}`"),
+                    // An empty object: the loop below closes it.
+                    Some(b'}') => {}
+                    _ => return fail(at, "expected a string key or `}`"),
                 }
             } else if byte == b'f' {
-                self.literal(b"false")?;
+                at = self.literal(at, b"false")?;
             } else if byte == b't' {
-                self.literal(b"true")?;
+                at = self.literal(at, b"true")?;
+            } else if Self::is_whitespace(byte) {
+                at = self.skip_whitespace(at + 1);
+                continue 'value;
             } else {
-                return self.fail("expected a value");
+                return fail(at, "expected a value");
             }
             // A value ended: close containers until one wants another value.
             loop {
-                if nesting.depth == 0 {
-                    return match self.skip_whitespace() {
-                        None => Ok(()),
-                        Some(_) => self.fail("trailing characters"),
-                    };
-                }
-                let object = nesting.in_object();
-                match self.skip_whitespace() {
-                    Some(b',') => {
-                        self.at += 1;
-                        if object {
-                            if self.skip_whitespace() != Some(b'"') {
-                                return self.fail("expected a string key");
-                            }
-                            self.key()?;
+                let Some(byte) = self.byte(at) else {
+                    return fail(at, "expected `,` or the end of the container");
+                };
+                if byte == b',' {
+                    at += 1;
+                    if nesting.in_object() {
+                        at = self.skip_whitespace(at);
+                        if self.byte(at) != Some(b'"') {
+                            return fail(at, "expected a string key");
                         }
-                        continue 'value;
+                        at = self.key(at + 1, &mut non_ascii)?;
                     }
-                    Some(b']') if !object => {
-                        self.at += 1;
-                        nesting.pop();
+                    continue 'value;
+                }
+                if byte == nesting.closer() {
+                    at += 1;
+                    if nesting.pop(&mut spill) {
+                        self.end(at)?;
+                        return Ok(non_ascii);
                     }
-                    Some(b'}') if object => {
-                        self.at += 1;
-                        nesting.pop();
-                    }
-                    _ => return self.fail("expected `,` or the end of the container"),
+                } else if Self::is_whitespace(byte) {
+                    at = self.skip_whitespace(at + 1);
+                } else {
+                    return fail(at, "expected `,` or the end of the container");
                 }
             }
         }
     }
 
-    /// A key and its colon; the cursor is on the key's opening quote.
-    fn key(&mut self) -> Result<(), Invalid> {
-        self.string()?;
-        if self.skip_whitespace() != Some(b':') {
-            return self.fail("expected `:`");
-        }
-        self.at += 1;
-        Ok(())
+    /// A whole text that is not an array or object: [`Recogniser::run`]
+    /// for it.
+    #[inline(never)]
+    fn scalar(&self, at: usize) -> Result<bool, Invalid> {
+        let mut non_ascii = false;
+        let at = match self.byte(at) {
+            Some(b'"') => self.string(at + 1, &mut non_ascii)?,
+            Some(b'n') => self.literal(at, b"null")?,
+            Some(b'0'..=b'9' | b'-') => self.number(at)?,
+            Some(b'f') => self.literal(at, b"false")?,
+            Some(b't') => self.literal(at, b"true")?,
+            _ => return fail(at, "expected a value"),
+        };
+        self.end(at)?;
+        Ok(non_ascii)
     }
 
-    /// A string; the cursor is on its opening quote.
+    /// The end of the text: only whitespace may follow the value.
+    fn end(&self, at: usize) -> Result<(), Invalid> {
+        let at = self.skip_whitespace(at);
+        if at == self.bytes.len() {
+            Ok(())
+        } else {
+            fail(at, "trailing characters")
+        }
+    }
+
+    /// A key and its colon; `at` follows the key's opening quote. Returns
+    /// the offset after the colon.
     #[inline(always)]
-    fn string(&mut self) -> Result<(), Invalid> {
-        self.at += 1;
-        loop {
-            // Skip eight plain bytes at a time: no quote, backslash or
-            // control character. Non-ASCII bytes are plain here; UTF-8 is
-            // checked once for the whole text, at the end.
-            while let Some(chunk) = self.bytes.get(self.at..self.at + 8) {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(chunk);
-                let word = u64::from_le_bytes(word);
-                let special =
-                    bytes_equal(word, b'"') | bytes_equal(word, b'\\') | bytes_below(word, 0x20);
-                if special != 0 {
-                    // Jump to the first special byte.
-                    self.at += special.trailing_zeros() as usize / 8;
-                    break;
-                }
-                self.at += 8;
+    fn key(&self, at: usize, non_ascii: &mut bool) -> Result<usize, Invalid> {
+        let mut at = self.string(at, non_ascii)?;
+        if self.byte(at) != Some(b':') {
+            at = self.skip_whitespace(at);
+            if self.byte(at) != Some(b':') {
+                return fail(at, "expected `:`");
             }
-            let Some(&byte) = self.bytes.get(self.at) else {
-                return self.fail("unterminated string");
+        }
+        Ok(at + 1)
+    }
+
+    /// The rest of a string; `at` follows its opening quote. Returns the
+    /// offset after its closing quote.
+    ///
+    /// Its fast loop stops at non-ASCII bytes too: Synapse writes ASCII
+    /// only (`\uXXXX` escapes), so the test is one operation shorter, and
+    /// the first non-ASCII byte sends the rest of its string to
+    /// [`Recogniser::non_ascii_string`].
+    #[inline(always)]
+    fn string(&self, mut at: usize, non_ascii: &mut bool) -> Result<usize, Invalid> {
+        loop {
+            // Skip eight plain ASCII bytes at a time: no quote, backslash,
+            // control character or non-ASCII byte.
+            let Some(mut rest) = self.bytes.get(at..) else {
+                return fail(at, "unterminated string");
             };
-            match byte {
-                b'"' => {
-                    self.at += 1;
-                    return Ok(());
+            let (word, special) = loop {
+                match rest.split_first_chunk::<8>() {
+                    Some((chunk, tail)) => {
+                        let word = u64::from_le_bytes(*chunk);
+                        let special = ascii_string_specials(word);
+                        if special != 0 {
+                            break (word, special);
+                        }
+                        rest = tail;
+                    }
+                    None => {
+                        let word = self.tail_word(self.bytes.len() - rest.len());
+                        break (word, ascii_string_specials(word));
+                    }
                 }
-                b'\\' => self.escape()?,
-                0..0x20 => return self.fail("control character in string"),
-                _ => self.at += 1,
+            };
+            // Jump to the first special byte, which the word holds.
+            let shift = special.trailing_zeros() & !7;
+            at = self.bytes.len() - rest.len() + shift as usize / 8;
+            let byte = (word >> shift) as u8;
+            if byte == b'"' {
+                return Ok(at + 1);
+            }
+            at = self.string_special(at, byte, non_ascii)?;
+        }
+    }
+
+    /// A special byte at `at` in a string, other than its closing quote: an
+    /// escape, a non-ASCII byte, or an error. Returns the offset to go on
+    /// scanning from.
+    #[inline(never)]
+    fn string_special(&self, at: usize, byte: u8, non_ascii: &mut bool) -> Result<usize, Invalid> {
+        match byte {
+            b'\\' => self.escape(at),
+            0x80.. => {
+                *non_ascii = true;
+                // The rest of this string is scanned by a loop that takes
+                // non-ASCII bytes as plain; going on from its closing quote
+                // ends the string at once.
+                self.non_ascii_string(at).map(|end| end - 1)
+            }
+            _ if at < self.bytes.len() => fail(at, "control character in string"),
+            _ => fail(at, "unterminated string"),
+        }
+    }
+
+    /// [`Recogniser::string`] from its first non-ASCII byte on: non-ASCII
+    /// bytes are plain here, UTF-8 being checked once for the whole text,
+    /// at the end.
+    #[inline(never)]
+    fn non_ascii_string(&self, mut at: usize) -> Result<usize, Invalid> {
+        loop {
+            let word = self.word(at);
+            let special = string_specials(word);
+            if special == 0 {
+                at += 8;
+                continue;
+            }
+            let shift = special.trailing_zeros() & !7;
+            at += shift as usize / 8;
+            match (word >> shift) as u8 {
+                b'"' => return Ok(at + 1),
+                b'\\' => at = self.escape(at)?,
+                _ if at < self.bytes.len() => return fail(at, "control character in string"),
+                _ => return fail(at, "unterminated string"),
             }
         }
     }
 
-    /// An escape; the cursor is on its backslash.
-    fn escape(&mut self) -> Result<(), Invalid> {
-        self.at += 1;
-        match self.peek() {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.at += 1,
+    /// An escape; `at` is on its backslash. Returns the offset after it.
+    fn escape(&self, at: usize) -> Result<usize, Invalid> {
+        let at = at + 1;
+        match self.byte(at) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(at + 1),
             Some(b'u') => {
-                let hex = self.bytes.get(self.at + 1..self.at + 5);
+                let hex = self.bytes.get(at + 1..at + 5);
                 if !hex.is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) {
-                    return self.fail("invalid \\u escape");
+                    return fail(at, "invalid \\u escape");
                 }
                 // Any code unit, lone surrogates included, as Python accepts.
-                self.at += 5;
+                Ok(at + 5)
             }
-            _ => return self.fail("invalid escape"),
+            _ => fail(at, "invalid escape"),
         }
-        Ok(())
     }
 
-    fn digits(&mut self) -> usize {
-        let start = self.at;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.at += 1;
+    /// Skips ASCII digits from `at`, eight at a time.
+    #[inline(always)]
+    fn digits(&self, mut at: usize) -> usize {
+        loop {
+            let others = non_digits(self.word(at));
+            if others != 0 {
+                return at + others.trailing_zeros() as usize / 8;
+            }
+            at += 8;
         }
-        self.at - start
     }
 
-    fn number(&mut self) -> Result<(), Invalid> {
-        if self.peek() == Some(b'-') {
-            self.at += 1;
+    /// A number; `at` is on its first byte. Returns the offset after it.
+    #[inline(always)]
+    fn number(&self, mut at: usize) -> Result<usize, Invalid> {
+        if self.byte(at) == Some(b'-') {
+            at += 1;
         }
-        match self.peek() {
+        match self.byte(at) {
             Some(b'0') => {
-                self.at += 1;
-                if let Some(b'0'..=b'9') = self.peek() {
-                    return self.fail("leading zero in number");
+                at += 1;
+                if let Some(b'0'..=b'9') = self.byte(at) {
+                    return fail(at, "leading zero in number");
                 }
             }
             Some(b'1'..=b'9') => {
-                let start = self.at;
-                if self.digits() > PYTHON_INT_MAX_DIGITS
-                    && !matches!(self.peek(), Some(b'.' | b'e' | b'E'))
+                let start = at;
+                at = self.digits(at + 1);
+                if at - start > PYTHON_INT_MAX_DIGITS
+                    && !matches!(self.byte(at), Some(b'.' | b'e' | b'E'))
                 {
-                    self.at = start;
-                    return self.fail("integer longer than Python's 4300-digit limit");
+                    return fail(start, "integer longer than Python's 4300-digit limit");
                 }
             }
-            _ => return self.fail("invalid number"),
+            _ => return fail(at, "invalid number"),
         }
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            if self.digits() == 0 {
-                return self.fail("invalid number");
+        if self.byte(at) == Some(b'.') {
+            let start = at + 1;
+            at = self.digits(start);
+            if at == start {
+                return fail(at, "invalid number");
             }
         }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.at += 1;
+        if let Some(b'e' | b'E') = self.byte(at) {
+            at += 1;
+            if let Some(b'+' | b'-') = self.byte(at) {
+                at += 1;
             }
-            if self.digits() == 0 {
-                return self.fail("invalid number");
+            let start = at;
+            at = self.digits(start);
+            if at == start {
+                return fail(at, "invalid number");
             }
         }
-        Ok(())
+        Ok(at)
     }
 
-    fn literal(&mut self, word: &'static [u8]) -> Result<(), Invalid> {
-        if self.bytes[self.at..].starts_with(word) {
-            self.at += word.len();
-            Ok(())
-        } else {
-            self.fail("invalid literal")
+    /// The literal `word`; `at` is on its first byte. Returns the offset
+    /// after it.
+    #[inline(always)]
+    fn literal(&self, at: usize, word: &'static [u8]) -> Result<usize, Invalid> {
+        match self.bytes.get(at..) {
+            Some(rest) if rest.starts_with(word) => Ok(at + word.len()),
+            _ => fail(at, "invalid literal"),
         }
     }
 }
