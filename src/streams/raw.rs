@@ -1,6 +1,5 @@
 //! Arbitrary JSON inside a typed row, kept as text.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
@@ -94,7 +93,7 @@ impl RawJson {
     }
 
     fn respell(text: &str) -> Result<RawJson, JsonError> {
-        let text = without_negative_zero(text);
+        let text = json::without_negative_zero(text);
         let value: serde_json::Value = json::from_slice(text.as_bytes())?;
         json::check_exact_numbers(&value)?;
         RawJson::from_value(&value)
@@ -251,41 +250,6 @@ pub(crate) fn is_canonical(text: &[u8]) -> bool {
 /// Objects with more keys than this are not checked for duplicates in the
 /// fast path, but re-spelt.
 const MAX_KEYS_CHECKED: usize = 64;
-
-/// `text` with every integer `-0` written `0`: Python reads `-0` as the
-/// integer 0, serde_json as the float -0.0 (`-0.0` stays).
-fn without_negative_zero(text: &str) -> Cow<'_, str> {
-    let bytes = text.as_bytes();
-    let mut zeros = Vec::new();
-    let mut in_string = false;
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'\\' if in_string => index += 1,
-            b'"' => in_string = !in_string,
-            b'-' if !in_string
-                && bytes.get(index + 1) == Some(&b'0')
-                && !matches!(bytes.get(index + 2), Some(b'0'..=b'9' | b'.' | b'e' | b'E'))
-                && !matches!(index.checked_sub(1).map(|i| bytes[i]), Some(b'e' | b'E')) =>
-            {
-                zeros.push(index);
-            }
-            _ => {}
-        }
-        index += 1;
-    }
-    if zeros.is_empty() {
-        return Cow::Borrowed(text);
-    }
-    let mut fixed = String::with_capacity(text.len());
-    let mut from = 0;
-    for zero in zeros {
-        fixed.push_str(&text[from..zero]);
-        from = zero + 1;
-    }
-    fixed.push_str(&text[from..]);
-    Cow::Owned(fixed)
-}
 
 /// Whether a JSON float is spelt as Python's `repr` spells its value.
 fn canonical_float(number: &[u8]) -> bool {

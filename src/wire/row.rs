@@ -71,7 +71,8 @@ impl RawRow {
     /// Fails for rows whose value cannot be re-encoded exactly: integers
     /// outside 64 bits, and lone surrogates.
     pub fn canonical(&self) -> Result<RawRow, json::JsonError> {
-        let value: serde_json::Value = self.parse()?;
+        let text = json::without_negative_zero(self.as_str());
+        let value: serde_json::Value = json::from_slice(text.as_bytes())?;
         json::check_exact_numbers(&value)?;
         RawRow::from_value(&value)
     }

@@ -15,6 +15,7 @@
 //! and [`SynapseFormatter`]; re-encoding a value Synapse wrote gives back the
 //! same bytes.
 
+use std::borrow::Cow;
 use std::io;
 
 use serde::Serialize;
@@ -150,6 +151,42 @@ pub fn to_writer<W: io::Write, T: Serialize + ?Sized>(
 ) -> Result<(), JsonError> {
     let mut serializer = serde_json::Serializer::with_formatter(writer, SynapseFormatter);
     Ok(value.serialize(&mut serializer)?)
+}
+
+/// `text` with the sign of every integer `-0` dropped: serde_json reads `-0`
+/// as the float `-0.0`, which would be written back as `-0.0` where Python,
+/// reading the integer 0, writes `0`.
+pub(crate) fn without_negative_zero(text: &str) -> Cow<'_, str> {
+    let bytes = text.as_bytes();
+    let mut zeros = Vec::new();
+    let mut in_string = false;
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'\\' if in_string => index += 1,
+            b'"' => in_string = !in_string,
+            b'-' if !in_string
+                && bytes.get(index + 1) == Some(&b'0')
+                && !matches!(bytes.get(index + 2), Some(b'0'..=b'9' | b'.' | b'e' | b'E'))
+                && !matches!(index.checked_sub(1).map(|i| bytes[i]), Some(b'e' | b'E')) =>
+            {
+                zeros.push(index);
+            }
+            _ => {}
+        }
+        index += 1;
+    }
+    if zeros.is_empty() {
+        return Cow::Borrowed(text);
+    }
+    let mut fixed = String::with_capacity(text.len());
+    let mut from = 0;
+    for zero in zeros {
+        fixed.push_str(&text[from..zero]);
+        from = zero + 1;
+    }
+    fixed.push_str(&text[from..]);
+    Cow::Owned(fixed)
 }
 
 /// Refuses floats that stand for integers beyond 64 bits: serde_json reads
