@@ -2,18 +2,8 @@
 
 use crate::wire::{JsonError, StreamName};
 
-/// How much of an offending row an error message quotes.
-const SNIPPET_LEN: usize = 64;
-
-/// A piece of an offending row, truncated for error messages.
-pub(crate) fn snippet(bytes: &[u8]) -> String {
-    let cut = bytes.len().min(SNIPPET_LEN);
-    let mut text = String::from_utf8_lossy(&bytes[..cut]).into_owned();
-    if bytes.len() > SNIPPET_LEN {
-        text.push('…');
-    }
-    text
-}
+/// Offending rows are quoted as the wire layer quotes its input.
+pub(crate) use crate::wire::snippet;
 
 /// A row that does not decode as its stream's typed row, or a typed row that
 /// cannot be encoded.

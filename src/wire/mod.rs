@@ -36,6 +36,7 @@ pub use command::{
     Command, CommandKind, FederationAck, LockReleased, Position, Rdata, Side, UserIp, UserSync,
 };
 pub use decode::{Decoder, is_blank};
+pub(crate) use error::snippet;
 pub use error::{DecodeError, EncodeError};
 pub use json::JsonError;
 pub use names::{InstanceName, StreamName};
