@@ -89,8 +89,10 @@
 //! processes to replicate to each other without a broker.
 
 mod lines;
+mod redis;
 mod tcp;
 
+pub use redis::RedisAuth;
 pub use tcp::{
     ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
     TcpConfig, TcpError,
