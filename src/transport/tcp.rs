@@ -7,15 +7,13 @@ use std::fmt;
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::channel::mpsc;
-use futures::io::{AsyncRead, AsyncWrite};
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::StreamExt;
 
 use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent};
 use crate::session::{
@@ -23,7 +21,9 @@ use crate::session::{
 };
 use crate::wire::{Command, CommandKind};
 
+use super::catch_ups::CatchUps;
 use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use super::socket::{Link, Timer};
 use super::{Backoff, BoxError, CatchUpSource};
 
 /// Passes of a driver's poll before it yields to the executor.
@@ -52,148 +52,6 @@ impl fmt::Display for Disconnect {
             Disconnect::Fatal(message) => write!(f, "closed: {message}"),
             Disconnect::Shutdown => f.write_str("shut down"),
         }
-    }
-}
-
-/// Sleeps until the session's deadline, re-armed when it changes.
-struct Timer {
-    deadline: Option<Instant>,
-    sleep: Option<BoxFuture<'static, ()>>,
-}
-
-impl Timer {
-    fn new() -> Timer {
-        Timer {
-            deadline: None,
-            sleep: None,
-        }
-    }
-
-    /// Whether `deadline` has passed (registering the waker if not).
-    fn poll(
-        &mut self,
-        runtime: &dyn Runtime,
-        deadline: Instant,
-        now: Instant,
-        cx: &mut Context<'_>,
-    ) -> bool {
-        if deadline <= now {
-            self.deadline = None;
-            self.sleep = None;
-            return true;
-        }
-        if self.deadline != Some(deadline) {
-            self.deadline = Some(deadline);
-            self.sleep = Some(runtime.sleep_until(deadline));
-        }
-        let Some(sleep) = self.sleep.as_mut() else {
-            return false;
-        };
-        if sleep.as_mut().poll(cx).is_ready() {
-            self.deadline = None;
-            self.sleep = None;
-            return true;
-        }
-        false
-    }
-}
-
-/// One socket: what is being written, and whether a flush is owed.
-struct Link {
-    io: BoxConnection,
-    out: Option<(Bytes, usize)>,
-    unflushed: bool,
-}
-
-/// What writing achieved.
-struct Written {
-    progress: bool,
-    /// Nothing is left to write and the socket is flushed.
-    drained: bool,
-}
-
-impl Link {
-    fn new(io: BoxConnection) -> Link {
-        Link {
-            io,
-            out: None,
-            unflushed: false,
-        }
-    }
-
-    /// Writes what `next` gives until the socket is full or nothing is
-    /// left, then flushes. Chunks are taken only when the socket can take
-    /// them, so the session's queue measures what the peer has not read.
-    fn poll_write(
-        &mut self,
-        cx: &mut Context<'_>,
-        mut next: impl FnMut() -> Option<Bytes>,
-    ) -> io::Result<Written> {
-        let mut progress = false;
-        loop {
-            if self.out.is_none() {
-                self.out = next().map(|bytes| (bytes, 0));
-            }
-            let Some((bytes, offset)) = self.out.as_mut() else {
-                break;
-            };
-            match Pin::new(&mut self.io).poll_write(cx, &bytes[*offset..]) {
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(n)) => {
-                    progress = true;
-                    self.unflushed = true;
-                    *offset += n;
-                    if *offset >= bytes.len() {
-                        self.out = None;
-                    }
-                }
-                Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => {}
-                Poll::Ready(Err(error)) => return Err(error),
-                Poll::Pending => {
-                    return Ok(Written {
-                        progress,
-                        drained: false,
-                    });
-                }
-            }
-        }
-        if self.unflushed {
-            match Pin::new(&mut self.io).poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.unflushed = false,
-                Poll::Ready(Err(error)) => return Err(error),
-                Poll::Pending => {}
-            }
-        }
-        Ok(Written {
-            progress,
-            drained: !self.unflushed,
-        })
-    }
-
-    /// Reads once into `buffer`: `Some(bytes)`, `None` at the end of the
-    /// stream, or `Pending`.
-    fn poll_read(
-        &mut self,
-        cx: &mut Context<'_>,
-        buffer: &mut BytesMut,
-        size: usize,
-    ) -> Poll<io::Result<Option<Bytes>>> {
-        if buffer.len() < size {
-            buffer.resize(size, 0);
-        }
-        loop {
-            return match Pin::new(&mut self.io).poll_read(cx, &mut buffer[..]) {
-                Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
-                Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(buffer.split_to(n).freeze()))),
-                Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-                Poll::Pending => Poll::Pending,
-            };
-        }
-    }
-
-    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_close(cx)
     }
 }
 
@@ -564,12 +422,16 @@ pub enum TcpClientEvent {
     },
 }
 
-/// Sends commands to a [`TcpClient`] from other tasks; they are queued for
-/// the server during its next [`next_event`](TcpClient::next_event).
+/// Sends commands to a [`TcpClient`] or a [`RedisClient`](super::RedisClient)
+/// from other tasks; they are sent during the client's next `next_event`.
 #[derive(Clone, Debug)]
 pub struct CommandSender(mpsc::UnboundedSender<Command>);
 
 impl CommandSender {
+    pub(super) fn new(sender: mpsc::UnboundedSender<Command>) -> CommandSender {
+        CommandSender(sender)
+    }
+
     /// Queues `command`; gives it back if the client is gone.
     pub fn send(&self, command: Command) -> Result<(), Box<Command>> {
         self.0
@@ -595,11 +457,6 @@ enum ClientState {
     Shutdown,
 }
 
-enum Fetched {
-    Page(CatchUpRequest, Result<CatchUpPage, BoxError>),
-    Retry(CatchUpId),
-}
-
 /// A direct TCP replication client: connects a [`ClientSession`] to a
 /// server and reconnects forever, with backoff.
 ///
@@ -621,10 +478,8 @@ pub struct TcpClient<R: Runtime> {
     session: ClientSession,
     state: ClientState,
     events: VecDeque<TcpClientEvent>,
-    source: Option<Arc<dyn CatchUpSource>>,
-    fetches: FuturesUnordered<BoxFuture<'static, Fetched>>,
+    catch_ups: CatchUps,
     backoff: Backoff,
-    catch_up_backoff: Backoff,
     timer: Timer,
     read_buffer: BytesMut,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -644,7 +499,7 @@ impl<R: Runtime> fmt::Debug for TcpClient<R> {
             .field("addr", &self.addr)
             .field("state", &state)
             .field("session", &self.session)
-            .field("fetches", &self.fetches.len())
+            .field("fetches", &self.catch_ups.len())
             .finish_non_exhaustive()
     }
 }
@@ -669,13 +524,11 @@ impl<R: Runtime> TcpClient<R> {
             runtime,
             addr: addr.into(),
             backoff: Backoff::new(options.initial_backoff, options.max_backoff),
-            catch_up_backoff: Backoff::new(options.catch_up_backoff, options.max_backoff),
+            catch_ups: CatchUps::new(options.catch_up_backoff, options.max_backoff),
             options,
             session,
             state: ClientState::Start,
             events: VecDeque::new(),
-            source: None,
-            fetches: FuturesUnordered::new(),
             timer: Timer::new(),
             read_buffer: BytesMut::new(),
             commands,
@@ -688,7 +541,7 @@ impl<R: Runtime> TcpClient<R> {
     /// backoff. The follower's `CatchUp` events are still reported.
     #[must_use]
     pub fn with_catch_up(mut self, source: Arc<dyn CatchUpSource>) -> TcpClient<R> {
-        self.source = Some(source);
+        self.catch_ups.set_source(source);
         self
     }
 
@@ -765,7 +618,7 @@ impl<R: Runtime> TcpClient<R> {
             self.session.disconnected();
         }
         self.state = ClientState::Shutdown;
-        self.fetches = FuturesUnordered::new();
+        self.catch_ups.clear();
         self.events.clear();
     }
 
@@ -806,51 +659,22 @@ impl<R: Runtime> TcpClient<R> {
     }
 
     fn poll_fetches(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progress = false;
-        while let Poll::Ready(Some(fetched)) = self.fetches.poll_next_unpin(cx) {
-            progress = true;
-            match fetched {
-                Fetched::Page(request, Ok(page)) => {
-                    match self.session.handle_catch_up(request.id, page) {
-                        Ok(()) => self.catch_up_backoff.reset(),
-                        Err(error) => self.retry_catch_up(request, Box::new(error)),
-                    }
-                }
-                Fetched::Page(request, Err(error)) => self.retry_catch_up(request, error),
-                Fetched::Retry(id) => {
-                    // Unknown ids were answered meanwhile: nothing to ask.
-                    let _ = self.session.catch_up_failed(id);
-                }
-            }
-        }
-        progress
-    }
-
-    fn retry_catch_up(&mut self, request: CatchUpRequest, error: BoxError) {
-        let retry_in = self.catch_up_backoff.next_delay();
-        let sleep = self.runtime.sleep_until(self.runtime.now() + retry_in);
-        let id = request.id;
-        self.fetches.push(Box::pin(async move {
-            sleep.await;
-            Fetched::Retry(id)
-        }));
-        self.events.push_back(TcpClientEvent::CatchUpFailed {
-            request,
-            error,
-            retry_in,
-        });
+        let events = &mut self.events;
+        self.catch_ups
+            .poll(cx, &self.runtime, &mut self.session, |failure| {
+                events.push_back(TcpClientEvent::CatchUpFailed {
+                    request: failure.request,
+                    error: failure.error,
+                    retry_in: failure.retry_in,
+                });
+            })
     }
 
     fn drain_session(&mut self) {
         while let Some(event) = self.session.poll_event() {
             match &event {
                 ClientEvent::Follower(FollowerEvent::CatchUp(request)) => {
-                    if let Some(source) = &self.source {
-                        let request = request.clone();
-                        let fetch = source.fetch(request.clone());
-                        self.fetches
-                            .push(Box::pin(async move { Fetched::Page(request, fetch.await) }));
-                    }
+                    self.catch_ups.start(request);
                 }
                 ClientEvent::Closing(error) => {
                     if let ClientState::Connected(live) = &mut self.state {
