@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -59,6 +60,21 @@ pub trait Runtime: Send + Sync + 'static {
     /// A future that completes at `deadline` (at once if it has passed).
     fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()>;
 
+    /// Opens a connection to the Unix domain socket at `path` (Redis'
+    /// `unixsocket`). The default refuses with
+    /// [`io::ErrorKind::Unsupported`]; `SmolRuntime` and `TokioRuntime`
+    /// implement it on Unix.
+    fn connect_unix(&self, path: &Path) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        let error = io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "this runtime cannot connect to unix sockets ({})",
+                path.display()
+            ),
+        );
+        Box::pin(async move { Err(error) })
+    }
+
     /// The current time; drivers give it to the sessions. Must not go
     /// backwards.
     fn now(&self) -> Instant {
@@ -77,6 +93,10 @@ impl<R: Runtime + ?Sized> Runtime for Arc<R> {
 
     fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
         (**self).sleep_until(deadline)
+    }
+
+    fn connect_unix(&self, path: &Path) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        (**self).connect_unix(path)
     }
 
     fn now(&self) -> Instant {

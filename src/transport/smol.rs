@@ -2,6 +2,8 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+#[cfg(unix)]
+use std::path::Path;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -94,6 +96,15 @@ impl Runtime for SmolRuntime {
         let timer = smol::Timer::at(deadline);
         Box::pin(async move {
             timer.await;
+        })
+    }
+
+    #[cfg(unix)]
+    fn connect_unix(&self, path: &Path) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        let path = path.to_owned();
+        Box::pin(async move {
+            let stream = smol::net::unix::UnixStream::connect(&path).await?;
+            Ok(Box::new(stream) as BoxConnection)
         })
     }
 }

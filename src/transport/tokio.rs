@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+#[cfg(unix)]
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -107,5 +109,14 @@ impl Runtime for TokioRuntime {
     fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
         let deadline = tokio::time::Instant::from_std(deadline);
         self.entered(async move { tokio::time::sleep_until(deadline).await })
+    }
+
+    #[cfg(unix)]
+    fn connect_unix(&self, path: &Path) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        let path = path.to_owned();
+        self.entered(async move {
+            let stream = tokio::net::UnixStream::connect(&path).await?;
+            Ok(Box::new(stream.compat()) as BoxConnection)
+        })
     }
 }
