@@ -3,17 +3,25 @@
 //!
 //! ```text
 //! cargo run --features runtime-smol --example tail -- \
-//!     --tcp 127.0.0.1:9092 --server-name example.com [--name tail] \
+//!     --redis redis://127.0.0.1:6379 --server-name example.com [--name tail] \
 //!     [--wire] [--events] [--writers config.json]
+//! cargo run --features runtime-smol --example tail -- \
+//!     --tcp 127.0.0.1:9092 --server-name example.com [...]
 //! ```
 //!
 //! Options:
 //!
+//! - `--redis URL`: follow a deployment through its Redis (`redis://`,
+//!   `rediss://` with the `tls` feature, `unix://`; see `RedisConfig`):
+//!   subscribe to the server name's channels, publish `REPLICATE`, print
+//!   what arrives; reconnects forever with backoff. Nothing is published but
+//!   `REPLICATE` (tail writes no stream).
 //! - `--tcp HOST:PORT`: follow a direct TCP replication server (Synapse's
 //!   `replication` listener before 1.67, or this crate's `TcpServer`);
 //!   reconnects forever with backoff.
-//! - `--server-name NAME`: the server name the server must announce
-//!   (`SERVER NAME`); required.
+//! - `--server-name NAME`: the deployment's server name: the Redis channel
+//!   prefix, or the name a TCP server must announce (`SERVER NAME`);
+//!   required.
 //! - `--name NAME`: this follower's instance name, sent as `NAME` (default
 //!   `tail`).
 //! - `--writers FILE`: a JSON file with Synapse's `stream_writers` and
@@ -31,7 +39,7 @@
 //! array of the rows, as received):
 //!
 //! ```text
-//! connected <host:port>
+//! connected <host:port>             (TCP; Redis: connected <subscriber|publisher>)
 //! ready <server_name>
 //! rows <stream> <writer> <token> <live|catch-up> <count> <rows>
 //! position <stream> <writer> <token>
@@ -43,6 +51,8 @@
 //! closing <reason>
 //! disconnected <reason>; retry in <ms> ms
 //! connect-failed <error>; retry in <ms> ms
+//! malformed <channel> <error>                 (Redis only)
+//! publish-failed <command> <error>            (Redis only)
 //! ```
 //!
 //! `command` is a command for the application (`REMOTE_SERVER_UP`,
@@ -55,11 +65,12 @@ use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// What to follow. (`--redis URL` will add a variant.)
+/// What to follow.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "runtime-smol"), allow(dead_code))]
 enum Source {
     Tcp { addr: String },
+    Redis { url: String },
 }
 
 #[derive(Debug)]
@@ -73,7 +84,7 @@ struct Args {
     events: bool,
 }
 
-const USAGE: &str = "usage: tail --tcp HOST:PORT --server-name NAME [--name NAME] \
+const USAGE: &str = "usage: tail (--redis URL | --tcp HOST:PORT) --server-name NAME [--name NAME] \
                      [--writers FILE] [--wire] [--events]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -94,6 +105,14 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     addr: value("--tcp")?,
                 });
             }
+            "--redis" => {
+                if source.is_some() {
+                    return Err("give one source".into());
+                }
+                source = Some(Source::Redis {
+                    url: value("--redis")?,
+                });
+            }
             "--server-name" => server_name = Some(value("--server-name")?),
             "--name" => name = Some(value("--name")?),
             "--writers" => writers = Some(PathBuf::from(value("--writers")?)),
@@ -104,7 +123,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         }
     }
     Ok(Args {
-        source: source.ok_or("--tcp is required")?,
+        source: source.ok_or("--redis or --tcp is required")?,
         server_name: server_name.ok_or("--server-name is required")?,
         name: name.unwrap_or_else(|| "tail".to_owned()),
         writers,
@@ -144,13 +163,8 @@ fn run(_args: Args) -> io::Result<()> {
 
 #[cfg(feature = "runtime-smol")]
 fn run(args: Args) -> io::Result<()> {
-    use std::io::Write;
     use std::sync::Arc;
 
-    use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, RowSource};
-    use synapse_replication::session::{ClientEvent, ClientSession, TcpConfig};
-    use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
-    use synapse_replication::wire::{Command, InstanceName};
     use synapse_replication::writers::StreamWriters;
 
     let registry = match &args.writers {
@@ -158,32 +172,124 @@ fn run(args: Args) -> io::Result<()> {
             .map_err(|error| io::Error::other(format!("{}: {error}", path.display())))?,
         None => StreamWriters::default(),
     };
-    let follower = Follower::new(InstanceName::from(args.name.as_str()), Arc::new(registry));
-    let print_commands = args.wire || !args.events;
+    match &args.source {
+        Source::Tcp { addr } => run_tcp(&args, addr, Arc::new(registry)),
+        Source::Redis { url } => run_redis(&args, url, Arc::new(registry.with_redis(true))),
+    }
+}
+
+/// A command as its wire line.
+#[cfg(feature = "runtime-smol")]
+fn wire(command: &synapse_replication::wire::Command) -> String {
+    match command.to_bytes() {
+        Ok(line) => String::from_utf8_lossy(&line).into_owned(),
+        Err(error) => format!("<cannot encode: {error}>"),
+    }
+}
+
+/// A command received, as `--wire` or the default prints it.
+#[cfg(feature = "runtime-smol")]
+fn received(args: &Args, command: &synapse_replication::wire::Command) -> String {
+    if args.wire {
+        wire(command)
+    } else {
+        format!("{command:?}")
+    }
+}
+
+/// A follower event's line; a catch-up is answered by skipping the range
+/// (`skip` gets the request id and the page).
+#[cfg(feature = "runtime-smol")]
+fn follower_line(
+    event: synapse_replication::positions::FollowerEvent,
+    mut skip: impl FnMut(
+        synapse_replication::positions::CatchUpId,
+        synapse_replication::positions::CatchUpPage,
+    ),
+) -> String {
+    use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowSource};
+
+    match event {
+        FollowerEvent::Rows {
+            stream,
+            writer,
+            token,
+            rows,
+            source,
+        } => {
+            let source = match source {
+                RowSource::Live => "live",
+                RowSource::CatchUp => "catch-up",
+            };
+            let json: Vec<&str> = rows.iter().map(|row| row.as_str()).collect();
+            format!(
+                "rows {stream} {writer} {token} {source} {} [{}]",
+                rows.len(),
+                json.join(",")
+            )
+        }
+        FollowerEvent::Position {
+            stream,
+            writer,
+            token,
+        } => format!("position {stream} {writer} {token}"),
+        FollowerEvent::CatchUp(request) => {
+            // Nothing to fetch from: skip the range.
+            let page = CatchUpPage {
+                updates: Vec::new(),
+                upto: request.to,
+                limited: false,
+            };
+            skip(request.id, page);
+            format!(
+                "catch-up {} {} {} {} {}",
+                request.id.get(),
+                request.stream,
+                request.writer,
+                request.from,
+                request.to
+            )
+        }
+        FollowerEvent::Reset {
+            stream,
+            writer,
+            previous,
+            new,
+        } => format!("reset {stream} {writer} {previous} {new}"),
+        FollowerEvent::Rejected {
+            stream,
+            instance,
+            command,
+            reason,
+        } => format!("rejected {command} {stream} {instance} {reason}"),
+        other => format!("{other}"),
+    }
+}
+
+#[cfg(feature = "runtime-smol")]
+fn run_tcp(
+    args: &Args,
+    addr: &str,
+    registry: std::sync::Arc<synapse_replication::writers::StreamWriters>,
+) -> io::Result<()> {
+    use std::io::Write;
+
+    use synapse_replication::positions::Follower;
+    use synapse_replication::session::{ClientEvent, ClientSession, TcpConfig};
+    use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
+    use synapse_replication::wire::InstanceName;
+
+    let follower = Follower::new(InstanceName::from(args.name.as_str()), registry);
     let mut config = TcpConfig::default();
-    config.report_received = print_commands;
+    config.report_received = args.wire || !args.events;
     let session = ClientSession::with_config(args.server_name.as_str(), follower, config)
         .map_err(io::Error::other)?;
-    let Source::Tcp { addr } = &args.source;
-    let mut client = TcpClient::new(SmolRuntime, addr.clone(), session);
-
-    let wire = |command: &Command| -> String {
-        match command.to_bytes() {
-            Ok(line) => String::from_utf8_lossy(&line).into_owned(),
-            Err(error) => format!("<cannot encode: {error}>"),
-        }
-    };
+    let mut client = TcpClient::new(SmolRuntime, addr, session);
     let mut out = io::stdout().lock();
     smol::block_on(async {
         while let Some(event) = client.next_event().await {
             let line = match event {
-                TcpClientEvent::Session(ClientEvent::Received(command)) => {
-                    if args.wire {
-                        wire(&command)
-                    } else {
-                        format!("{command:?}")
-                    }
-                }
+                TcpClientEvent::Session(ClientEvent::Received(command)) => received(args, &command),
                 _ if !args.events => continue,
                 TcpClientEvent::Connected => format!("connected {addr}"),
                 TcpClientEvent::ConnectFailed { error, retry_in } => {
@@ -208,61 +314,88 @@ fn run(args: Args) -> io::Result<()> {
                     format!("error {message}")
                 }
                 TcpClientEvent::Session(ClientEvent::Closing(error)) => format!("closing {error}"),
-                TcpClientEvent::Session(ClientEvent::Follower(event)) => match event {
-                    FollowerEvent::Rows {
-                        stream,
-                        writer,
-                        token,
-                        rows,
-                        source,
-                    } => {
-                        let source = match source {
-                            RowSource::Live => "live",
-                            RowSource::CatchUp => "catch-up",
-                        };
-                        let json: Vec<&str> = rows.iter().map(|row| row.as_str()).collect();
-                        format!(
-                            "rows {stream} {writer} {token} {source} {} [{}]",
-                            rows.len(),
-                            json.join(",")
-                        )
-                    }
-                    FollowerEvent::Position {
-                        stream,
-                        writer,
-                        token,
-                    } => format!("position {stream} {writer} {token}"),
-                    FollowerEvent::CatchUp(request) => {
-                        // Nothing to fetch from: skip the range.
-                        let page = CatchUpPage {
-                            updates: Vec::new(),
-                            upto: request.to,
-                            limited: false,
-                        };
-                        let _ = client.handle_catch_up(request.id, page);
-                        format!(
-                            "catch-up {} {} {} {} {}",
-                            request.id.get(),
-                            request.stream,
-                            request.writer,
-                            request.from,
-                            request.to
-                        )
-                    }
-                    FollowerEvent::Reset {
-                        stream,
-                        writer,
-                        previous,
-                        new,
-                    } => format!("reset {stream} {writer} {previous} {new}"),
-                    FollowerEvent::Rejected {
-                        stream,
-                        instance,
-                        command,
-                        reason,
-                    } => format!("rejected {command} {stream} {instance} {reason}"),
-                    other => format!("{other}"),
-                },
+                TcpClientEvent::Session(ClientEvent::Follower(event)) => {
+                    follower_line(event, |id, page| {
+                        let _ = client.handle_catch_up(id, page);
+                    })
+                }
+                other => format!("{other:?}"),
+            };
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(feature = "runtime-smol")]
+fn run_redis(
+    args: &Args,
+    url: &str,
+    registry: std::sync::Arc<synapse_replication::writers::StreamWriters>,
+) -> io::Result<()> {
+    use std::io::Write;
+
+    use synapse_replication::positions::{Follower, Writer};
+    use synapse_replication::session::{RedisEvent, RedisSession};
+    use synapse_replication::transport::{RedisClient, RedisClientEvent, RedisConfig, SmolRuntime};
+    use synapse_replication::wire::InstanceName;
+
+    let config = RedisConfig::from_url(url).map_err(io::Error::other)?;
+    let me = InstanceName::from(args.name.as_str());
+    let mut options = config.session_options(args.server_name.as_str());
+    options.report_received = args.wire || !args.events;
+    options.client_name = Some(args.name.clone());
+    let session = RedisSession::new(
+        options,
+        Follower::new(me.clone(), registry.clone()),
+        Writer::new(me, registry),
+    );
+    let mut client = RedisClient::new(SmolRuntime, config, session);
+    let mut out = io::stdout().lock();
+    smol::block_on(async {
+        while let Some(event) = client.next_event().await {
+            let line = match event {
+                RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
+                    received(args, &command)
+                }
+                _ if !args.events => continue,
+                RedisClientEvent::Connected { link } => format!("connected {link}"),
+                RedisClientEvent::ConnectFailed {
+                    error, retry_in, ..
+                } => {
+                    format!(
+                        "connect-failed {error}; retry in {} ms",
+                        retry_in.as_millis()
+                    )
+                }
+                RedisClientEvent::Disconnected {
+                    reason, retry_in, ..
+                } => {
+                    format!(
+                        "disconnected {reason}; retry in {} ms",
+                        retry_in.as_millis()
+                    )
+                }
+                RedisClientEvent::Session(RedisEvent::Ready) => {
+                    format!("ready {}", args.server_name)
+                }
+                RedisClientEvent::Session(RedisEvent::Command(command)) => {
+                    format!("command {}", wire(&command))
+                }
+                RedisClientEvent::Session(RedisEvent::Malformed { channel, error }) => {
+                    format!("malformed {} {error}", String::from_utf8_lossy(&channel))
+                }
+                RedisClientEvent::Session(RedisEvent::PublishFailed { command, error }) => {
+                    format!("publish-failed {command} {error}")
+                }
+                RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
+                    format!("closing {error}")
+                }
+                RedisClientEvent::Session(RedisEvent::Follower(event)) => {
+                    follower_line(event, |id, page| {
+                        let _ = client.handle_catch_up(id, page);
+                    })
+                }
                 other => format!("{other:?}"),
             };
             writeln!(out, "{line}")?;
@@ -288,6 +421,9 @@ mod tests {
         assert!(parse(&["--server-name", "x"]).is_err());
         assert!(parse(&["--tcp", "h:1"]).is_err());
         assert!(parse(&["--tcp"]).is_err());
+        let args = parse(&["--redis", "redis://h", "--server-name", "x", "--events"]).unwrap();
+        assert!(matches!(args.source, Source::Redis { ref url } if url == "redis://h"));
+        assert!(parse(&["--redis", "redis://h", "--tcp", "h:1", "--server-name", "x"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
     }
 }

@@ -6,16 +6,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Integration tests start their own redis-server on free loopback ports
-# (never the one on 6379): find it, or install it where we can.
-if ! command -v redis-server >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "redis-server missing: installing it with apt-get"
-        apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
-    else
-        echo "redis-server is needed by the tests: install it (e.g. apt-get install redis-server)" >&2
-        exit 1
+# (never the one on 6379), and the TLS tests make certificates with the
+# openssl command: find them, or install them where we can.
+need() { # command package
+    if ! command -v "$1" >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "$1 missing: installing $2 with apt-get"
+            apt-get update -qq && apt-get install -y -qq "$2" >/dev/null
+        else
+            echo "$1 is needed by the tests: install it (e.g. apt-get install $2)" >&2
+            exit 1
+        fi
     fi
-fi
+}
+need redis-server redis-server
+need openssl openssl
 
 # The interop tests run Synapse's own Python code as a peer: a venv with the
 # pinned Synapse, made once and kept in a cache directory between runs.

@@ -92,7 +92,10 @@ mod lines;
 mod redis;
 mod tcp;
 
-pub use redis::RedisAuth;
+pub use redis::{
+    CommandCounts, RedisAuth, RedisCounters, RedisError, RedisEvent, RedisLink, RedisOptions,
+    RedisSession, ServerError,
+};
 pub use tcp::{
     ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
     TcpConfig, TcpError,

@@ -1,6 +1,20 @@
 //! Replication over Redis pub/sub, sans-IO: [`RedisSession`].
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::positions::{
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, WriteError, Writer,
+};
+use crate::resp::{
+    self, Credentials, Frame, Hello, Incoming, Protocol, RespError, SubscriptionKind,
+};
+use crate::wire::{Command, CommandKind, DecodeError, Decoder, RawRow, StreamName, Token};
+
+use super::SendError;
 
 /// A password for Redis, and the ACL user it belongs to (none: Redis'
 /// `default` user, the `requirepass` password). Its [`Debug`] output hides
@@ -20,4 +34,1137 @@ impl fmt::Debug for RedisAuth {
             .field("password", &"<redacted>")
             .finish()
     }
+}
+
+/// The two connections of a [`RedisSession`]: a RESP2 connection in
+/// subscribe mode can do nothing but (un)subscribe and `PING`, so
+/// publishing takes a second one, as in Synapse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RedisLink {
+    /// The connection that subscribes and receives. With
+    /// [`RedisOptions::single_connection`] it publishes too.
+    Subscriber,
+    /// The connection that publishes.
+    Publisher,
+}
+
+impl RedisLink {
+    /// Both links.
+    pub const BOTH: [RedisLink; 2] = [RedisLink::Subscriber, RedisLink::Publisher];
+
+    fn index(self) -> usize {
+        match self {
+            RedisLink::Subscriber => 0,
+            RedisLink::Publisher => 1,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            RedisLink::Subscriber => "sub",
+            RedisLink::Publisher => "pub",
+        }
+    }
+}
+
+impl fmt::Display for RedisLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RedisLink::Subscriber => "subscriber",
+            RedisLink::Publisher => "publisher",
+        })
+    }
+}
+
+/// How a [`RedisSession`] talks to Redis: channels, credentials, timers and
+/// limits. The defaults are Synapse's where it has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// The channel prefix: the deployment's `server_name` (e.g.
+    /// `example.com`). Commands are published on it, `USER_IP` on
+    /// `<prefix>/USER_IP`.
+    pub prefix: String,
+    /// Channels to subscribe to besides the prefix, as names under it:
+    /// `USER_IP` subscribes to `<prefix>/USER_IP` (the main process and
+    /// whichever process records client IPs do).
+    pub extra_channels: Vec<String>,
+    /// `AUTH` on connecting (Synapse's `password`, plus a username for
+    /// Redis ACLs).
+    pub auth: Option<RedisAuth>,
+    /// `SELECT` on connecting (Synapse's `dbid`). Pub/sub ignores it: two
+    /// deployments with one prefix on one Redis hear each other whatever
+    /// the database.
+    pub database: Option<u32>,
+    /// `CLIENT SETNAME <name>-sub` / `<name>-pub` on connecting, so that an
+    /// operator can tell the connections apart in `CLIENT LIST` (spaces
+    /// become `_`). `None`: no name. A server that refuses it is not an
+    /// error.
+    pub client_name: Option<String>,
+    /// One RESP3 connection (`HELLO 3`, Redis 6 and later) that both
+    /// subscribes and publishes, instead of two RESP2 connections. A server
+    /// that refuses `HELLO 3` makes the session fall back to two
+    /// connections. Default off, as Synapse.
+    pub single_connection: bool,
+    /// A `PING` goes out on each connection this often (30 s, as Synapse).
+    pub ping_interval: Duration,
+    /// A connection that owes replies (to a `PING`, the handshake or a
+    /// `PUBLISH`) and has received nothing for this long is dead: a silent,
+    /// paused or unreachable server (30 s).
+    pub ping_timeout: Duration,
+    /// Commands given to [`RedisSession::send`] while the session is not
+    /// ready are queued up to this many, and published once it is (0, the
+    /// default: they are dropped and counted, as Synapse does). Stream
+    /// commands never queue: positions cover them.
+    pub max_queued_while_disconnected: usize,
+    /// Bytes of `PUBLISH`es waiting for the socket. Beyond, Redis is not
+    /// reading: the publisher connection is closed and reopened (its
+    /// streams are then announced again, and followers catch up). 32 MiB.
+    pub max_unsent_bytes: usize,
+    /// Caps on what Redis may send (see [`resp::Limits`]).
+    pub resp_limits: resp::Limits,
+    /// The longest replication line accepted in a message (see
+    /// [`Decoder::max_line_len`]); longer ones are reported as malformed
+    /// (1 MiB).
+    pub max_line_len: usize,
+    /// Report every command received as a
+    /// [`RedisEvent::Received`] before acting on it (for tools such as
+    /// `tail`; default off).
+    pub report_received: bool,
+}
+
+impl RedisOptions {
+    /// Options for the deployment named `prefix` (its `server_name`), with
+    /// the defaults.
+    pub fn new(prefix: impl Into<String>) -> RedisOptions {
+        RedisOptions {
+            prefix: prefix.into(),
+            extra_channels: Vec::new(),
+            auth: None,
+            database: None,
+            client_name: Some("synapse-replication".to_owned()),
+            single_connection: false,
+            ping_interval: Duration::from_secs(30),
+            ping_timeout: Duration::from_secs(30),
+            max_queued_while_disconnected: 0,
+            max_unsent_bytes: 32 << 20,
+            resp_limits: resp::Limits::new(),
+            max_line_len: Decoder::DEFAULT_MAX_LINE,
+            report_received: false,
+        }
+    }
+
+    /// Every channel subscribed to: the prefix, then `prefix/<name>` for
+    /// each extra channel.
+    pub fn channels(&self) -> Vec<String> {
+        let mut channels = vec![self.prefix.clone()];
+        channels.extend(
+            self.extra_channels
+                .iter()
+                .map(|name| format!("{}/{name}", self.prefix)),
+        );
+        channels
+    }
+
+    /// Timers below this are raised to it, so that a zero interval cannot
+    /// make the event loop spin.
+    const MIN_TIMER: Duration = Duration::from_millis(1);
+}
+
+/// An error reply from Redis, e.g. `NOPERM this user has no permissions to
+/// access the 'x' channel`: the code (first word) and the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerError {
+    /// The error code: `ERR`, `WRONGPASS`, `NOPERM`, `NOAUTH`, ...
+    pub code: String,
+    /// The whole error line.
+    pub message: String,
+}
+
+impl ServerError {
+    fn from_frame(frame: &Frame) -> Option<ServerError> {
+        let text = match frame {
+            Frame::Error(text) | Frame::BulkError(text) => text,
+            _ => return None,
+        };
+        let message = String::from_utf8_lossy(text).into_owned();
+        let code = message
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        Some(ServerError { code, message })
+    }
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Why a [`RedisSession`] gave up a connection. The driver closes it and
+/// connects again (with backoff); credentials that Redis refuses are
+/// refused again until they change, so they are reported each time.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisError {
+    /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`, an `AUTH`
+    /// without a password configured).
+    #[error("authentication failed: {0}")]
+    Auth(ServerError),
+    /// Redis refused `SELECT` (no such database).
+    #[error("SELECT {database} failed: {error}")]
+    Select {
+        /// The database asked for.
+        database: u32,
+        /// Redis' answer.
+        error: ServerError,
+    },
+    /// Redis refused `SUBSCRIBE` (an ACL without access to the channel).
+    #[error("SUBSCRIBE failed: {0}")]
+    Subscribe(ServerError),
+    /// Redis refused `HELLO 3` (a server before Redis 6): the session falls
+    /// back to two RESP2 connections.
+    #[error("RESP3 refused, falling back to two connections: {0}")]
+    Resp3Unsupported(ServerError),
+    /// Redis sent bytes that are not RESP, or that break a cap.
+    #[error("invalid reply: {0}")]
+    Protocol(#[from] RespError),
+    /// Redis sent a reply that does not fit what was asked.
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+    /// Replies were owed and nothing arrived for this long.
+    #[error("no reply for {0:?}")]
+    Timeout(Duration),
+    /// More than [`RedisOptions::max_unsent_bytes`] waited for the socket.
+    #[error("Redis does not read: {0} bytes unsent")]
+    FailedToKeepUp(usize),
+}
+
+/// What a [`RedisSession`] tells the application.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisEvent {
+    /// Every channel is subscribed and the publisher is up: `REPLICATE`
+    /// (after a new subscription) and this process's positions are on
+    /// their way. Send what others must hear on every connection now
+    /// (Synapse's workers send a `USER_SYNC` per syncing user).
+    Ready,
+    /// What the [`Follower`] decided: rows to apply, positions reached,
+    /// catch-ups to perform, resets, rejected commands.
+    Follower(FollowerEvent),
+    /// A command for the application: `USER_SYNC`, `CLEAR_USER_SYNC`,
+    /// `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`, `LOCK_RELEASED`,
+    /// `NEW_ACTIVE_TASK`, `CANCEL_TASK` (and `ERROR`, `PING`, which Synapse
+    /// only logs). This process's own commands come back too: Redis
+    /// echoes them.
+    Command(Command),
+    /// A command received (only with [`RedisOptions::report_received`]),
+    /// before it is acted on.
+    Received {
+        /// The channel it came on.
+        channel: Bytes,
+        /// The command.
+        command: Command,
+    },
+    /// A message that is not a valid command was ignored (Synapse logs and
+    /// ignores it too: each message stands alone).
+    Malformed {
+        /// The channel it came on.
+        channel: Bytes,
+        /// Why.
+        error: DecodeError,
+    },
+    /// Redis refused a `PUBLISH` (e.g. `NOPERM`: a read-only ACL user).
+    /// The command is lost; for a stream command the next announcement
+    /// covers it.
+    PublishFailed {
+        /// The command refused.
+        command: CommandKind,
+        /// Redis' answer.
+        error: ServerError,
+    },
+    /// This session gave up `link`: close the socket, then call
+    /// [`RedisSession::disconnected`]. Nothing more will be read from or
+    /// written to it.
+    Closing {
+        /// The connection.
+        link: RedisLink,
+        /// Why.
+        error: RedisError,
+    },
+}
+
+/// How many commands of each kind, indexed as [`CommandKind::ALL`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommandCounts([u64; CommandKind::ALL.len()]);
+
+impl CommandCounts {
+    /// The count for `kind`.
+    pub fn get(&self, kind: CommandKind) -> u64 {
+        self.0.get(kind as usize).copied().unwrap_or(0)
+    }
+
+    /// Every kind with a non-zero count.
+    pub fn iter(&self) -> impl Iterator<Item = (CommandKind, u64)> + '_ {
+        CommandKind::ALL
+            .iter()
+            .zip(self.0)
+            .filter(|(_, count)| *count > 0)
+            .map(|(kind, count)| (*kind, count))
+    }
+
+    /// The sum over every kind.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    fn add(&mut self, kind: CommandKind) {
+        if let Some(count) = self.0.get_mut(kind as usize) {
+            *count += 1;
+        }
+    }
+}
+
+/// What a [`RedisSession`] has done so far, for operators.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisCounters {
+    /// Valid commands received, by kind.
+    pub received: CommandCounts,
+    /// Commands published, by kind.
+    pub published: CommandCounts,
+    /// Commands dropped because the session was not ready, by kind.
+    pub dropped: CommandCounts,
+    /// Messages that were not valid commands.
+    pub malformed: u64,
+    /// `PUBLISH`es Redis refused.
+    pub publish_errors: u64,
+    /// Messages on channels this session did not subscribe to (ignored).
+    pub foreign_messages: u64,
+    /// Connections made, per link ([subscriber, publisher]).
+    pub connections: [u64; 2],
+    /// Connections this session gave up, per link.
+    pub failures: [u64; 2],
+    /// Times the session became ready.
+    pub ready: u64,
+}
+
+/// A reply a link waits for, in the order the commands went out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Hello,
+    Auth,
+    Select,
+    SetName,
+    Subscribe,
+    Ping,
+    Publish(CommandKind),
+}
+
+/// One connection to Redis.
+#[derive(Debug)]
+struct Link {
+    decoder: resp::Decoder,
+    input: BytesMut,
+    out: BytesMut,
+    /// Replies owed, run-length encoded (a burst of publishes is one entry).
+    expect: VecDeque<(Expect, u64)>,
+    /// Handshake replies still owed (the link is usable once none are).
+    handshake: usize,
+    /// Subscription confirmations still owed.
+    unconfirmed: usize,
+    last_ping: Instant,
+    /// The last time something arrived, or replies began to be owed.
+    last_progress: Instant,
+    failed: bool,
+}
+
+impl Link {
+    fn new(limits: resp::Limits, now: Instant) -> Link {
+        Link {
+            decoder: resp::Decoder::with_limits(limits),
+            input: BytesMut::new(),
+            out: BytesMut::new(),
+            expect: VecDeque::new(),
+            handshake: 0,
+            unconfirmed: 0,
+            last_ping: now,
+            last_progress: now,
+            failed: false,
+        }
+    }
+
+    fn owe(&mut self, expect: Expect, now: Instant) {
+        if self.expect.is_empty() {
+            self.last_progress = now;
+        }
+        match self.expect.back_mut() {
+            Some((last, count)) if *last == expect => *count += 1,
+            _ => self.expect.push_back((expect, 1)),
+        }
+    }
+
+    fn take(&mut self) -> Option<Expect> {
+        let (expect, count) = self.expect.front_mut()?;
+        let expect = *expect;
+        *count -= 1;
+        if *count == 0 {
+            self.expect.pop_front();
+        }
+        Some(expect)
+    }
+
+    fn deadline(&self, options: &RedisOptions) -> Option<Instant> {
+        if self.failed {
+            return None;
+        }
+        let interval = options.ping_interval.max(RedisOptions::MIN_TIMER);
+        let ping = self.last_ping.checked_add(interval);
+        let silence = if self.expect.is_empty() {
+            None
+        } else {
+            let timeout = options.ping_timeout.max(RedisOptions::MIN_TIMER);
+            self.last_progress.checked_add(timeout)
+        };
+        match (ping, silence) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The subscriber's handshake state, for [`RedisSession::is_ready`].
+fn usable(link: Option<&Link>) -> bool {
+    link.is_some_and(|link| !link.failed && link.handshake == 0 && link.unconfirmed == 0)
+}
+
+/// Replication over Redis pub/sub, sans-IO: one process of a deployment,
+/// following the streams others write (its [`Follower`]) and writing its
+/// own (its [`Writer`]), over two connections to Redis ([`RedisLink`]).
+///
+/// One session lives as long as the process; connections come and go. The
+/// driver ([`RedisClient`](crate::transport::RedisClient), or your own)
+/// opens the links [`wants`](RedisSession::wants) asks for and moves their
+/// bytes.
+///
+/// # Call order
+///
+/// - When a link's socket is up, call [`connect`](RedisSession::connect):
+///   it queues the handshake (`AUTH`, `SELECT`, `CLIENT SETNAME`, and
+///   `SUBSCRIBE` on the subscriber).
+/// - Give every byte received to [`handle_input`](RedisSession::handle_input),
+///   call [`handle_timeout`](RedisSession::handle_timeout) when the time
+///   given by [`poll_timeout`](RedisSession::poll_timeout) has passed, and
+///   act with [`send`](RedisSession::send), [`write`](RedisSession::write),
+///   [`advance`](RedisSession::advance) and the catch-up answers.
+/// - **After every input**: drain [`poll_transmit`](RedisSession::poll_transmit)
+///   for each link until `None` (write each chunk in order; take a chunk
+///   only when the socket can take it), then
+///   [`poll_event`](RedisSession::poll_event) until `None`, then read
+///   [`poll_timeout`](RedisSession::poll_timeout).
+/// - On [`RedisEvent::Closing`], or when a socket fails or closes, drop the
+///   socket and call [`disconnected`](RedisSession::disconnected).
+/// - Time must not go backwards (an earlier `now` is taken as the last
+///   one). `poll_timeout` is never before the last `now`, and handling a
+///   timeout at the time it gave moves it forward.
+///
+/// # Rules (Synapse's `redis.py` and PROTOCOL.md)
+///
+/// - The subscriber subscribes to the prefix and `prefix/<name>` for each
+///   extra channel. Only when Redis has confirmed every channel, and the
+///   publisher has finished its handshake, is the session ready: it then
+///   publishes `REPLICATE` (once per new subscription, at once: the
+///   driver's reconnection backoff spaces subscriptions out) and then the
+///   writer's positions. Publishing `REPLICATE` before the subscription is
+///   confirmed would lose the answers. Later `REPLICATE`s the application
+///   asks for go through the [`Writer`]'s rate limit.
+/// - Messages on the subscribed channels are decoded as commands: `RDATA`
+///   and `POSITION` go to the follower, `REPLICATE` to the writer (which
+///   announces its positions), the rest to the application. A message that
+///   does not decode is reported and ignored.
+/// - Losing the subscriber makes the follower forget the connection (every
+///   stream waits for its next `POSITION`); losing either link makes the
+///   writer stop publishing until both are back, when it announces its
+///   positions again. Commands sent meanwhile are dropped and counted, or
+///   queued up to [`RedisOptions::max_queued_while_disconnected`].
+/// - Each link sends `PING` every [`RedisOptions::ping_interval`]; a link
+///   that owes a reply and hears nothing for [`RedisOptions::ping_timeout`]
+///   is given up, which finds a paused server or a dead network.
+#[derive(Debug)]
+pub struct RedisSession {
+    options: RedisOptions,
+    channels: Vec<Bytes>,
+    decoder: Decoder,
+    follower: Follower,
+    writer: Writer,
+    links: [Option<Link>; 2],
+    /// Two RESP2 connections (the server refused RESP3, or it was not
+    /// asked for).
+    two_links: bool,
+    ready: bool,
+    /// A new subscription owes a `REPLICATE`.
+    replicate_owed: bool,
+    queued: VecDeque<Command>,
+    events: VecDeque<RedisEvent>,
+    counters: RedisCounters,
+    now: Option<Instant>,
+}
+
+impl RedisSession {
+    /// A session with `options` that follows with `follower` and writes
+    /// with `writer` (both named after this process).
+    pub fn new(options: RedisOptions, follower: Follower, writer: Writer) -> RedisSession {
+        let channels = options.channels().into_iter().map(Bytes::from).collect();
+        RedisSession {
+            decoder: Decoder::new().max_line_len(options.max_line_len),
+            two_links: !options.single_connection,
+            options,
+            channels,
+            follower,
+            writer,
+            links: [None, None],
+            ready: false,
+            replicate_owed: false,
+            queued: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: RedisCounters::default(),
+            now: None,
+        }
+    }
+
+    fn tick(&mut self, now: Instant) -> Instant {
+        let now = match self.now {
+            Some(last) if last > now => last,
+            _ => now,
+        };
+        self.now = Some(now);
+        now
+    }
+
+    /// Whether the driver should keep a connection open for `link`: the
+    /// subscriber always; the publisher unless one RESP3 connection does
+    /// both.
+    pub fn wants(&self, link: RedisLink) -> bool {
+        match link {
+            RedisLink::Subscriber => true,
+            RedisLink::Publisher => self.two_links,
+        }
+    }
+
+    /// The link that publishes.
+    fn publisher(&self) -> RedisLink {
+        if self.two_links {
+            RedisLink::Publisher
+        } else {
+            RedisLink::Subscriber
+        }
+    }
+
+    fn link(&self, link: RedisLink) -> Option<&Link> {
+        self.links.get(link.index()).and_then(Option::as_ref)
+    }
+
+    fn link_mut(&mut self, link: RedisLink) -> Option<&mut Link> {
+        self.links.get_mut(link.index()).and_then(Option::as_mut)
+    }
+
+    /// A socket for `link` is up: queues its handshake. A link still up is
+    /// first considered lost.
+    pub fn connect(&mut self, link: RedisLink, now: Instant) {
+        let now = self.tick(now);
+        if self.link(link).is_some() {
+            self.disconnected(link, now);
+        }
+        let mut conn = Link::new(self.options.resp_limits, now);
+        let name = self.options.client_name.as_ref().map(|name| {
+            let mut name = name.replace(' ', "_");
+            name.push('-');
+            name.push_str(link.suffix());
+            name
+        });
+        let credentials = self.options.auth.as_ref().map(|auth| Credentials {
+            username: auth.username.as_deref().map(str::as_bytes),
+            password: auth.password.as_bytes(),
+        });
+        let resp3 = !self.two_links && link == RedisLink::Subscriber;
+        if resp3 {
+            resp::encode_hello(
+                &mut conn.out,
+                &Hello {
+                    protocol: Protocol::Resp3,
+                    auth: credentials,
+                    client_name: name.as_deref().map(str::as_bytes),
+                },
+            );
+            conn.owe(Expect::Hello, now);
+            conn.handshake += 1;
+        } else if let Some(credentials) = &credentials {
+            resp::encode_auth(&mut conn.out, credentials);
+            conn.owe(Expect::Auth, now);
+            conn.handshake += 1;
+        }
+        if let Some(database) = self.options.database {
+            resp::encode_select(&mut conn.out, database);
+            conn.owe(Expect::Select, now);
+            conn.handshake += 1;
+        }
+        if let (Some(name), false) = (&name, resp3) {
+            resp::encode_client_setname(&mut conn.out, name.as_bytes());
+            conn.owe(Expect::SetName, now);
+            conn.handshake += 1;
+        }
+        if link == RedisLink::Subscriber {
+            let channels: Vec<&[u8]> = self.channels.iter().map(|c| &c[..]).collect();
+            resp::encode_subscribe(&mut conn.out, &channels);
+            for _ in &channels {
+                conn.owe(Expect::Subscribe, now);
+            }
+            conn.unconfirmed = channels.len();
+        }
+        if let Some(count) = self.counters.connections.get_mut(link.index()) {
+            *count += 1;
+        }
+        if let Some(slot) = self.links.get_mut(link.index()) {
+            *slot = Some(conn);
+        }
+        self.check_ready(now);
+    }
+
+    /// `link`'s socket is gone (closed by either side, failed, or closed
+    /// after [`RedisEvent::Closing`]).
+    pub fn disconnected(&mut self, link: RedisLink, now: Instant) {
+        self.tick(now);
+        let Some(slot) = self.links.get_mut(link.index()) else {
+            return;
+        };
+        if slot.take().is_none() {
+            return;
+        }
+        if link == RedisLink::Subscriber {
+            self.follower.disconnected();
+            self.drain_follower();
+            self.replicate_owed = false;
+        }
+        if self.ready {
+            self.ready = false;
+            self.writer.disconnected();
+        }
+    }
+
+    fn check_ready(&mut self, now: Instant) {
+        if self.ready {
+            return;
+        }
+        let subscriber = self.link(RedisLink::Subscriber);
+        if !usable(subscriber) {
+            return;
+        }
+        if self.two_links && !usable(self.link(RedisLink::Publisher)) {
+            return;
+        }
+        self.ready = true;
+        self.counters.ready += 1;
+        if self.replicate_owed {
+            // Not through the writer's rate limit: the reconnection backoff
+            // already spaces subscriptions out, and a follower must not wait
+            // for positions after a new subscription.
+            self.replicate_owed = false;
+            self.publish(&Command::Replicate);
+        }
+        self.writer.connected(now);
+        self.events.push_back(RedisEvent::Ready);
+        self.drain_writer();
+        while let Some(command) = self.queued.pop_front() {
+            self.publish(&command);
+        }
+    }
+
+    /// Handles bytes received on `link`, in any chunks. Ignored when the
+    /// link is not connected or was given up. Timers due at `now` are
+    /// handled too.
+    pub fn handle_input(&mut self, link: RedisLink, data: &[u8], now: Instant) {
+        let now = self.tick(now);
+        let Some(conn) = self.link_mut(link) else {
+            return;
+        };
+        if conn.failed {
+            return;
+        }
+        conn.input.extend_from_slice(data);
+        conn.last_progress = now;
+        while let Some(conn) = self.link_mut(link) {
+            if conn.failed {
+                break;
+            }
+            let incoming = match conn.decoder.decode_pubsub(&mut conn.input) {
+                Ok(Some(incoming)) => incoming,
+                Ok(None) => break,
+                Err(error) => {
+                    self.fail(link, RedisError::Protocol(error));
+                    break;
+                }
+            };
+            if let Err(error) = self.handle_incoming(link, incoming, now) {
+                self.fail(link, error);
+                break;
+            }
+        }
+        self.drain_writer();
+        self.handle_timeout(now);
+    }
+
+    fn handle_incoming(
+        &mut self,
+        link: RedisLink,
+        incoming: Incoming,
+        now: Instant,
+    ) -> Result<(), RedisError> {
+        match incoming {
+            Incoming::Message(message) if link == RedisLink::Subscriber => {
+                self.handle_message(message.channel, message.payload, now);
+                Ok(())
+            }
+            Incoming::Message(_) => Err(RedisError::Unexpected(
+                "a pub/sub message on the publisher".to_owned(),
+            )),
+            Incoming::Subscription { kind, channel, .. } => {
+                let expected = kind == SubscriptionKind::Subscribe
+                    && channel
+                        .as_ref()
+                        .is_some_and(|channel| self.channels.contains(channel));
+                let reply = self.take_expect(link)?;
+                if !expected || reply != Expect::Subscribe {
+                    return Err(RedisError::Unexpected(format!(
+                        "{kind:?} confirmation while waiting for {reply:?}"
+                    )));
+                }
+                if let Some(conn) = self.link_mut(link) {
+                    conn.unconfirmed = conn.unconfirmed.saturating_sub(1);
+                    if conn.unconfirmed == 0 {
+                        self.follower.connected();
+                        self.drain_follower();
+                        self.replicate_owed = true;
+                    }
+                }
+                self.check_ready(now);
+                Ok(())
+            }
+            Incoming::Pong(_) => match self.take_expect(link)? {
+                Expect::Ping => Ok(()),
+                other => Err(RedisError::Unexpected(format!(
+                    "PONG while waiting for {other:?}"
+                ))),
+            },
+            Incoming::Frame(frame) => self.handle_reply(link, frame, now),
+        }
+    }
+
+    fn take_expect(&mut self, link: RedisLink) -> Result<Expect, RedisError> {
+        self.link_mut(link)
+            .and_then(Link::take)
+            .ok_or_else(|| RedisError::Unexpected("a reply to nothing".to_owned()))
+    }
+
+    fn handle_reply(
+        &mut self,
+        link: RedisLink,
+        frame: Frame,
+        now: Instant,
+    ) -> Result<(), RedisError> {
+        if let Frame::Push(_) = frame {
+            // RESP3 pushes other than messages (e.g. invalidations) answer
+            // nothing.
+            return Ok(());
+        }
+        let expect = self.take_expect(link)?;
+        let error = ServerError::from_frame(&frame);
+        match (expect, error) {
+            (Expect::Publish(command), Some(error)) => {
+                self.counters.publish_errors += 1;
+                self.events
+                    .push_back(RedisEvent::PublishFailed { command, error });
+                Ok(())
+            }
+            (Expect::Publish(_), None) => match frame {
+                Frame::Integer(_) => Ok(()),
+                other => Err(unexpected(expect, &other)),
+            },
+            (Expect::Hello, Some(error)) => {
+                self.two_links = true;
+                Err(RedisError::Resp3Unsupported(error))
+            }
+            (Expect::Auth, Some(error)) => Err(RedisError::Auth(error)),
+            (Expect::Hello, None) if !matches!(frame, Frame::Map(_) | Frame::Array(_)) => {
+                Err(unexpected(expect, &frame))
+            }
+            (Expect::Select, Some(error)) => Err(RedisError::Select {
+                database: self.options.database.unwrap_or_default(),
+                error,
+            }),
+            (Expect::Subscribe, Some(error)) => Err(RedisError::Subscribe(error)),
+            (Expect::Ping, Some(error)) if error.code == "NOAUTH" => Err(RedisError::Auth(error)),
+            // A refused name or PING is not worth a connection.
+            (Expect::SetName | Expect::Ping, _) => self.handshake_step(link, expect, now),
+            (Expect::Hello | Expect::Auth | Expect::Select, None) => {
+                if !matches!(expect, Expect::Hello) && !is_ok(&frame) {
+                    return Err(unexpected(expect, &frame));
+                }
+                self.handshake_step(link, expect, now)
+            }
+            (Expect::Subscribe, None) => Err(unexpected(expect, &frame)),
+        }
+    }
+
+    fn handshake_step(
+        &mut self,
+        link: RedisLink,
+        expect: Expect,
+        now: Instant,
+    ) -> Result<(), RedisError> {
+        if expect == Expect::Ping {
+            return Ok(());
+        }
+        if let Some(conn) = self.link_mut(link) {
+            conn.handshake = conn.handshake.saturating_sub(1);
+        }
+        self.check_ready(now);
+        Ok(())
+    }
+
+    fn handle_message(&mut self, channel: Bytes, payload: Bytes, now: Instant) {
+        if !self.channels.contains(&channel) {
+            self.counters.foreign_messages += 1;
+            return;
+        }
+        let command = match self.decoder.decode(payload) {
+            Ok(Some(command)) => command,
+            Ok(None) => return,
+            Err(error) => {
+                self.counters.malformed += 1;
+                self.events
+                    .push_back(RedisEvent::Malformed { channel, error });
+                return;
+            }
+        };
+        self.counters.received.add(command.kind());
+        if self.options.report_received {
+            self.events.push_back(RedisEvent::Received {
+                channel,
+                command: command.clone(),
+            });
+        }
+        match command {
+            command @ (Command::Rdata(_) | Command::Position(_)) => {
+                self.follower.handle_command(command);
+                self.drain_follower();
+            }
+            Command::Replicate => self.writer.handle_replicate(now),
+            command => self.events.push_back(RedisEvent::Command(command)),
+        }
+    }
+
+    fn drain_follower(&mut self) {
+        while let Some(event) = self.follower.poll_event() {
+            self.events.push_back(RedisEvent::Follower(event));
+        }
+    }
+
+    fn drain_writer(&mut self) {
+        while let Some(command) = self.writer.poll_command() {
+            self.publish(&command);
+        }
+    }
+
+    /// Appends a `PUBLISH` of `command` to the publisher's output.
+    fn publish(&mut self, command: &Command) {
+        let kind = command.kind();
+        let mut line = BytesMut::new();
+        if command.encode(&mut line).is_err() {
+            // Commands from the writer always encode; the application's
+            // were encoded once already by `send`.
+            self.counters.dropped.add(kind);
+            return;
+        }
+        let suffix = kind.redis_channel_suffix();
+        let publisher = self.publisher();
+        let max = self.options.max_unsent_bytes;
+        let (Some(conn), Some(now)) = (
+            self.links
+                .get_mut(publisher.index())
+                .and_then(Option::as_mut),
+            self.now,
+        ) else {
+            self.counters.dropped.add(kind);
+            return;
+        };
+        let prefix = self.options.prefix.as_bytes();
+        match suffix {
+            None => resp::encode_publish(&mut conn.out, prefix, &line),
+            Some(suffix) => {
+                let mut channel = Vec::with_capacity(prefix.len() + 1 + suffix.len());
+                channel.extend_from_slice(prefix);
+                channel.push(b'/');
+                channel.extend_from_slice(suffix.as_bytes());
+                resp::encode_publish(&mut conn.out, &channel, &line);
+            }
+        }
+        conn.owe(Expect::Publish(kind), now);
+        let unsent = conn.out.len();
+        self.counters.published.add(kind);
+        if unsent > max {
+            self.fail(publisher, RedisError::FailedToKeepUp(unsent));
+        }
+    }
+
+    fn fail(&mut self, link: RedisLink, error: RedisError) {
+        let Some(conn) = self.link_mut(link) else {
+            return;
+        };
+        if conn.failed {
+            return;
+        }
+        conn.failed = true;
+        conn.out.clear();
+        conn.input.clear();
+        conn.expect.clear();
+        if let Some(count) = self.counters.failures.get_mut(link.index()) {
+            *count += 1;
+        }
+        self.events.push_back(RedisEvent::Closing { link, error });
+    }
+
+    /// Handles the timers due at `now`: `PING`s, and giving up links that
+    /// owe replies and have been silent too long.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.tick(now);
+        let interval = self.options.ping_interval.max(RedisOptions::MIN_TIMER);
+        let timeout = self.options.ping_timeout.max(RedisOptions::MIN_TIMER);
+        for link in RedisLink::BOTH {
+            let Some(conn) = self.link_mut(link) else {
+                continue;
+            };
+            if conn.failed {
+                continue;
+            }
+            let silent = now.saturating_duration_since(conn.last_progress);
+            if !conn.expect.is_empty() && silent >= timeout {
+                self.fail(link, RedisError::Timeout(silent));
+                continue;
+            }
+            if now.saturating_duration_since(conn.last_ping) >= interval {
+                resp::encode_ping(&mut conn.out, None);
+                conn.owe(Expect::Ping, now);
+                conn.last_ping = now;
+            }
+        }
+        self.writer.handle_timeout(now);
+        self.drain_writer();
+    }
+
+    /// Publishes a command for the other processes: `USER_SYNC`,
+    /// `CLEAR_USER_SYNC`, `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`,
+    /// `LOCK_RELEASED`, `NEW_ACTIVE_TASK`, `CANCEL_TASK`.
+    ///
+    /// Stream commands go through the writer ([`write`](RedisSession::write),
+    /// [`advance`](RedisSession::advance),
+    /// [`request_replicate`](RedisSession::request_replicate)), which keeps
+    /// positions consistent: `RDATA`, `POSITION` and `REPLICATE` are
+    /// refused here, as are `SERVER` and `NAME`, which mean nothing over
+    /// Redis. While the session is not ready the command is queued (up to
+    /// [`RedisOptions::max_queued_while_disconnected`]) or dropped, counted
+    /// in [`RedisCounters::dropped`], with [`SendError::NotConnected`].
+    pub fn send(&mut self, command: Command) -> Result<(), SendError> {
+        let kind = command.kind();
+        if matches!(
+            kind,
+            CommandKind::Rdata
+                | CommandKind::Position
+                | CommandKind::Replicate
+                | CommandKind::Server
+                | CommandKind::Name
+        ) {
+            return Err(SendError::NotOverRedis(kind));
+        }
+        let mut line = BytesMut::new();
+        command.encode(&mut line)?;
+        if line.len() > self.options.max_line_len {
+            return Err(SendError::LineTooLong {
+                len: line.len(),
+                max: self.options.max_line_len,
+            });
+        }
+        if self.ready {
+            self.publish(&command);
+            return Ok(());
+        }
+        if self.queued.len() < self.options.max_queued_while_disconnected {
+            self.queued.push_back(command);
+            return Ok(());
+        }
+        self.counters.dropped.add(kind);
+        Err(SendError::NotConnected)
+    }
+
+    /// Writes rows of `stream` up to its `current` token (see
+    /// [`Writer::write`]): published as `RDATA` and `POSITION` when ready;
+    /// otherwise announced on the next connection.
+    pub fn write(
+        &mut self,
+        stream: &StreamName,
+        current: Token,
+        updates: impl IntoIterator<Item = (Token, RawRow)>,
+    ) -> Result<(), WriteError> {
+        let result = self.writer.write(stream, current, updates);
+        self.drain_writer();
+        result
+    }
+
+    /// Moves `stream`'s token without rows (see [`Writer::advance`]).
+    pub fn advance(&mut self, stream: &StreamName, current: Token) -> Result<(), WriteError> {
+        let result = self.writer.advance(stream, current);
+        self.drain_writer();
+        result
+    }
+
+    /// Asks every writer for its positions (`REPLICATE`), rate limited (see
+    /// [`Writer::request_replicate`]).
+    pub fn request_replicate(&mut self, now: Instant) {
+        let now = self.tick(now);
+        self.writer.request_replicate(now);
+        self.drain_writer();
+    }
+
+    /// Applies a page of the answer to catch-up `id` (see
+    /// [`Follower::handle_catch_up`]); drain events after.
+    pub fn handle_catch_up(
+        &mut self,
+        id: CatchUpId,
+        page: CatchUpPage,
+    ) -> Result<(), CatchUpError> {
+        let result = self.follower.handle_catch_up(id, page);
+        self.drain_follower();
+        result
+    }
+
+    /// Catch-up `id` could not be fetched: it is asked again with a new id
+    /// (see [`Follower::catch_up_failed`]); drain events after.
+    pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        let result = self.follower.catch_up_failed(id);
+        self.drain_follower();
+        result
+    }
+
+    /// The next event, or `None`. Drain after every input.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<RedisEvent> {
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
+        }
+        self.follower.poll_event().map(RedisEvent::Follower)
+    }
+
+    /// The next bytes to write on `link`, or `None`: everything queued, in
+    /// one chunk. Take it only when the socket can take it.
+    #[must_use]
+    pub fn poll_transmit(&mut self, link: RedisLink) -> Option<Bytes> {
+        let conn = self.link_mut(link)?;
+        if conn.failed || conn.out.is_empty() {
+            return None;
+        }
+        Some(conn.out.split().freeze())
+    }
+
+    /// When [`handle_timeout`](RedisSession::handle_timeout) must be called
+    /// next; `None` while no link is up. Never before the last `now` given.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let links = self
+            .links
+            .iter()
+            .flatten()
+            .filter_map(|link| link.deadline(&self.options));
+        let deadline = links.chain(self.writer.poll_timeout()).min()?;
+        Some(match self.now {
+            Some(now) => deadline.max(now),
+            None => deadline,
+        })
+    }
+
+    /// Whether every channel is subscribed and the publisher is up.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Whether `link` is connected (and not given up).
+    pub fn is_connected(&self, link: RedisLink) -> bool {
+        self.link(link).is_some_and(|conn| !conn.failed)
+    }
+
+    /// Bytes received on the subscriber and not yet decoded (part of a
+    /// frame): with [`RedisSession::unsent_bytes`] and the follower's
+    /// queues, how far behind this process is.
+    pub fn buffered_input(&self) -> usize {
+        self.link(RedisLink::Subscriber)
+            .map_or(0, |conn| conn.input.len())
+    }
+
+    /// Bytes queued for `link` and not yet taken by `poll_transmit`.
+    pub fn unsent_bytes(&self, link: RedisLink) -> usize {
+        self.link(link).map_or(0, |conn| conn.out.len())
+    }
+
+    /// Commands queued until the session is ready.
+    pub fn queued_commands(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// What the session has done so far.
+    pub fn counters(&self) -> &RedisCounters {
+        &self.counters
+    }
+
+    /// The options.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// The follower.
+    pub fn follower(&self) -> &Follower {
+        &self.follower
+    }
+
+    /// The follower, to seed positions ([`Follower::set_position`]) or
+    /// forget writers; drain events after.
+    pub fn follower_mut(&mut self) -> &mut Follower {
+        &mut self.follower
+    }
+
+    /// The writer.
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
+    /// Ends the session, giving back its follower and writer (to carry
+    /// their positions into a new session). Links still up count as lost.
+    pub fn into_parts(mut self) -> (Follower, Writer) {
+        // No `now` means no link was ever connected.
+        if let Some(now) = self.now {
+            for link in RedisLink::BOTH {
+                self.disconnected(link, now);
+            }
+        }
+        (self.follower, self.writer)
+    }
+}
+
+fn is_ok(frame: &Frame) -> bool {
+    matches!(frame, Frame::SimpleString(text) if text.as_ref() == b"OK")
+}
+
+fn unexpected(expect: Expect, frame: &Frame) -> RedisError {
+    let text = format!("{frame:?}");
+    let cut: String = text.chars().take(64).collect();
+    RedisError::Unexpected(format!("{cut} in answer to {expect:?}"))
 }

@@ -176,6 +176,12 @@ pub enum SendError {
     /// No connection is up (the client between connections).
     #[error("not connected")]
     NotConnected,
+    /// The command has no meaning over Redis (`SERVER`, `NAME`), or belongs
+    /// to the writer (`RDATA`, `POSITION`, `REPLICATE`: use
+    /// [`RedisSession::write`](super::RedisSession::write) and its
+    /// siblings).
+    #[error("{0} is not sent this way over Redis")]
+    NotOverRedis(CommandKind),
     /// The connection is closing after a fatal error (possibly the one this
     /// command caused, by overflowing the queue).
     #[error("the connection is closing")]

@@ -50,10 +50,28 @@
 //! [`TcpClient::handle_catch_up`]. Between Rust processes the source is
 //! whatever holds the writer's log: the shared database, as in Synapse, or
 //! an endpoint the server's application exposes.
+//!
+//! Against Synapse, `HttpCatchUp` (feature `http-catch-up`) is that
+//! source: it asks the writer's `instance_map` address over HTTP, as
+//! Synapse's workers do.
+//!
+//! # Reaching Redis
+//!
+//! [`RedisConfig`] says where Redis is and how to reach it, read from a
+//! URL (`redis://`, `rediss://`, `unix://`) or from Synapse's `redis:`
+//! config section ([`SynapseRedisConfig`]); [`RedisConfig::connect`] opens
+//! the byte stream over TCP, a Unix socket, or TLS (feature `tls`, rustls),
+//! which never falls back to plaintext.
 
+mod catch_ups;
+#[cfg(feature = "http-catch-up")]
+mod http_catch_up;
+mod redis;
+mod redis_config;
 mod runtime;
 #[cfg(feature = "runtime-smol")]
 mod smol;
+mod socket;
 mod tcp;
 #[cfg(feature = "runtime-tokio")]
 mod tokio;
@@ -64,6 +82,12 @@ use std::time::{Duration, SystemTime};
 
 use crate::positions::{CatchUpPage, CatchUpRequest};
 
+#[cfg(feature = "http-catch-up")]
+pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
+pub use redis::{RedisClient, RedisClientEvent, RedisClientOptions};
+pub use redis_config::{
+    RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig, TlsConfig,
+};
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 pub use smol::SmolRuntime;

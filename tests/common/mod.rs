@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 pub mod pair;
+#[cfg(unix)]
+pub mod redis_server;
+pub mod synapse;
 
 use std::path::PathBuf;
 

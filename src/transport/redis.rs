@@ -1,0 +1,603 @@
+//! The async driver for Redis replication: [`RedisClient`] keeps a
+//! [`RedisSession`]'s two connections up, forever.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::stream::StreamExt;
+
+use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent};
+use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, SendError};
+use crate::wire::{Command, CommandKind};
+
+use super::catch_ups::CatchUps;
+use super::redis_config::RedisConfig;
+use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use super::socket::{Link, Timer};
+use super::tcp::{CommandSender, Disconnect};
+use super::{Backoff, BoxError, CatchUpSource};
+
+/// Passes of a driver's poll before it yields to the executor.
+const BUDGET: usize = 32;
+
+/// Options of a [`RedisClient`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisClientOptions {
+    /// The first reconnection delay (100 ms); it doubles after each failed
+    /// attempt, with jitter (see [`Backoff`]).
+    pub initial_backoff: Duration,
+    /// The longest reconnection delay (5 s, as Synapse).
+    pub max_backoff: Duration,
+    /// A connection that was up for this long resets its delay (5 s), so
+    /// that a server that accepts and then drops clients is not hammered.
+    pub stable_after: Duration,
+    /// Give up a connection attempt after this long (10 s).
+    pub connect_timeout: Duration,
+    /// The first delay before asking a failed catch-up again (500 ms,
+    /// doubling to `max_backoff`).
+    pub catch_up_backoff: Duration,
+    /// Bytes read from a socket at once (256 KiB): a subscriber decodes
+    /// every message of one read before reading again.
+    pub read_buffer: usize,
+}
+
+impl Default for RedisClientOptions {
+    fn default() -> Self {
+        RedisClientOptions {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            stable_after: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            catch_up_backoff: Duration::from_millis(500),
+            read_buffer: 256 << 10,
+        }
+    }
+}
+
+/// What a [`RedisClient`] tells the application.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisClientEvent {
+    /// A connection is up; its handshake is on its way. The session's
+    /// [`RedisEvent::Ready`] follows once both are subscribed and
+    /// authenticated.
+    Connected {
+        /// Which.
+        link: RedisLink,
+    },
+    /// Connecting failed; the next attempt is in `retry_in`.
+    ConnectFailed {
+        /// Which connection.
+        link: RedisLink,
+        /// Why.
+        error: io::Error,
+        /// The delay before the next attempt.
+        retry_in: Duration,
+    },
+    /// A connection ended; the next attempt is in `retry_in`. Losing the
+    /// subscriber makes the follower drop what belonged to it; on the next
+    /// subscription the writers' `POSITION`s show what was missed, and
+    /// catch-ups fetch it.
+    Disconnected {
+        /// Which connection.
+        link: RedisLink,
+        /// Why.
+        reason: Disconnect,
+        /// The delay before reconnecting.
+        retry_in: Duration,
+    },
+    /// What the session reports: readiness, the follower's events, other
+    /// processes' commands, refused publishes, errors.
+    Session(RedisEvent),
+    /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
+    /// new id) after `retry_in`.
+    CatchUpFailed {
+        /// The request that failed.
+        request: CatchUpRequest,
+        /// Why.
+        error: BoxError,
+        /// The delay before asking again.
+        retry_in: Duration,
+    },
+    /// A command given to a [`CommandSender`] could not be sent (not
+    /// ready, or refused); it was dropped.
+    SendFailed {
+        /// The command.
+        command: CommandKind,
+        /// Why.
+        error: SendError,
+    },
+}
+
+struct Live {
+    socket: Link,
+    since: Instant,
+    error: Option<String>,
+}
+
+enum State {
+    Start,
+    Connecting {
+        connect: BoxFuture<'static, io::Result<BoxConnection>>,
+        timeout: BoxFuture<'static, ()>,
+    },
+    Connected(Box<Live>),
+    Waiting(BoxFuture<'static, ()>),
+    Idle,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::Start => "start",
+            State::Connecting { .. } => "connecting",
+            State::Connected(_) => "connected",
+            State::Waiting(_) => "waiting",
+            State::Idle => "idle",
+        }
+    }
+}
+
+struct Slot {
+    state: State,
+    backoff: Backoff,
+}
+
+/// A Redis replication client: keeps a [`RedisSession`]'s subscriber and
+/// publisher connections up, reconnecting forever with backoff, and fetches
+/// what the follower missed from a [`CatchUpSource`].
+///
+/// Nothing happens unless [`next_event`](RedisClient::next_event) is
+/// awaited: it connects, reads, writes, runs the timers and the catch-ups,
+/// and returns as soon as there is something to report. Apply the
+/// follower's events in order as they come.
+///
+/// Reading: each read takes up to [`RedisClientOptions::read_buffer`]
+/// bytes and the session decodes every message in it before the next read,
+/// so a burst costs one system call per read, not per message, and the
+/// socket is drained as fast as the application takes events.
+///
+/// ```no_run
+/// # #[cfg(feature = "runtime-smol")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use synapse_replication::positions::{Follower, Writer};
+/// use synapse_replication::session::{RedisEvent, RedisOptions, RedisSession};
+/// use synapse_replication::transport::{RedisClient, RedisClientEvent, RedisConfig, SmolRuntime};
+/// use synapse_replication::wire::InstanceName;
+/// use synapse_replication::writers::StreamWriters;
+///
+/// let config = RedisConfig::from_url("redis://127.0.0.1:6379")?;
+/// let registry = Arc::new(StreamWriters::default().with_redis(true));
+/// let me = InstanceName::from("worker1");
+/// let session = RedisSession::new(
+///     config.session_options("example.com"),
+///     Follower::new(me.clone(), registry.clone()),
+///     Writer::new(me, registry),
+/// );
+/// let mut client = RedisClient::new(SmolRuntime, config, session);
+/// smol::block_on(async {
+///     while let Some(event) = client.next_event().await {
+///         match event {
+///             RedisClientEvent::Session(RedisEvent::Follower(event)) => println!("{event}"),
+///             other => println!("{other:?}"),
+///         }
+///     }
+/// });
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "runtime-smol"))]
+/// # fn main() {}
+/// ```
+pub struct RedisClient<R: Runtime> {
+    runtime: R,
+    config: RedisConfig,
+    options: RedisClientOptions,
+    session: RedisSession,
+    slots: [Slot; 2],
+    events: VecDeque<RedisClientEvent>,
+    catch_ups: CatchUps,
+    timer: Timer,
+    read_buffer: Vec<u8>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    sender: mpsc::UnboundedSender<Command>,
+    shutdown: bool,
+}
+
+impl<R: Runtime> fmt::Debug for RedisClient<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClient")
+            .field("config", &self.config)
+            .field("subscriber", &self.slots[0].state.name())
+            .field("publisher", &self.slots[1].state.name())
+            .field("session", &self.session)
+            .field("fetches", &self.catch_ups.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> RedisClient<R> {
+    /// A client connecting as `config` says, with the default options. It
+    /// connects on the first [`next_event`](RedisClient::next_event).
+    ///
+    /// The session's credentials and database are its own
+    /// ([`RedisConfig::session_options`] fills them from `config`).
+    pub fn new(runtime: R, config: RedisConfig, session: RedisSession) -> RedisClient<R> {
+        RedisClient::with_options(runtime, config, session, RedisClientOptions::default())
+    }
+
+    /// A client with the given options.
+    pub fn with_options(
+        runtime: R,
+        config: RedisConfig,
+        session: RedisSession,
+        options: RedisClientOptions,
+    ) -> RedisClient<R> {
+        let (sender, commands) = mpsc::unbounded();
+        let slot = || Slot {
+            state: State::Start,
+            backoff: Backoff::new(options.initial_backoff, options.max_backoff),
+        };
+        RedisClient {
+            runtime,
+            config,
+            slots: [slot(), slot()],
+            catch_ups: CatchUps::new(options.catch_up_backoff, options.max_backoff),
+            read_buffer: vec![0; options.read_buffer.max(1)],
+            options,
+            session,
+            events: VecDeque::new(),
+            timer: Timer::new(),
+            commands,
+            sender,
+            shutdown: false,
+        }
+    }
+
+    /// Fetches missed rows from `source`: every catch-up the follower asks
+    /// for is fetched and applied by the client, failures retried with
+    /// backoff. The follower's `CatchUp` events are still reported.
+    #[must_use]
+    pub fn with_catch_up(mut self, source: Arc<dyn CatchUpSource>) -> RedisClient<R> {
+        self.catch_ups.set_source(source);
+        self
+    }
+
+    /// The session (the follower, the writer, counters).
+    pub fn session(&self) -> &RedisSession {
+        &self.session
+    }
+
+    /// The session, to write rows, seed positions or send commands. Do not
+    /// connect or disconnect it: the client does.
+    pub fn session_mut(&mut self) -> &mut RedisSession {
+        &mut self.session
+    }
+
+    /// Ends the client without closing gracefully, giving back its session
+    /// (see [`RedisSession::into_parts`] to carry positions on).
+    pub fn into_session(self) -> RedisSession {
+        self.session
+    }
+
+    /// A handle to send commands from other tasks.
+    pub fn sender(&self) -> CommandSender {
+        CommandSender::new(self.sender.clone())
+    }
+
+    /// Publishes a command (see [`RedisSession::send`]); it is written
+    /// during the next [`next_event`](RedisClient::next_event).
+    pub fn send(&mut self, command: Command) -> Result<(), SendError> {
+        self.session.send(command)
+    }
+
+    /// Answers a catch-up the application fetched itself (without a
+    /// [`CatchUpSource`]).
+    pub fn handle_catch_up(
+        &mut self,
+        id: CatchUpId,
+        page: CatchUpPage,
+    ) -> Result<(), CatchUpError> {
+        self.session.handle_catch_up(id, page)
+    }
+
+    /// A catch-up the application fetched itself failed: it is asked again.
+    pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        self.session.catch_up_failed(id)
+    }
+
+    /// Whether both connections are up and every channel subscribed.
+    pub fn is_ready(&self) -> bool {
+        self.session.is_ready()
+    }
+
+    /// Drives the connections until there is something to report; `None`
+    /// once [`close`](RedisClient::close) was called.
+    pub async fn next_event(&mut self) -> Option<RedisClientEvent> {
+        poll_fn(|cx| self.poll_next_event(cx)).await
+    }
+
+    /// Writes what is queued (for at most `timeout`), closes both
+    /// connections and stops: [`next_event`](RedisClient::next_event)
+    /// returns `None` from now on. Send `CLEAR_USER_SYNC` first if this
+    /// process had users syncing.
+    pub async fn close(&mut self, timeout: Duration) {
+        let deadline = self.runtime.now() + timeout;
+        let mut sleep = self.runtime.sleep_until(deadline);
+        let session = &mut self.session;
+        let slots = &mut self.slots;
+        poll_fn(|cx| {
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            let mut done = true;
+            for (slot, link) in slots.iter_mut().zip(RedisLink::BOTH) {
+                if let State::Connected(live) = &mut slot.state {
+                    match live.socket.poll_write(cx, || session.poll_transmit(link)) {
+                        Ok(written) if written.drained => {
+                            if live.socket.poll_close(cx).is_pending() {
+                                done = false;
+                            }
+                        }
+                        Ok(_) => done = false,
+                        Err(_) => {}
+                    }
+                }
+            }
+            if done { Poll::Ready(()) } else { Poll::Pending }
+        })
+        .await;
+        let now = self.runtime.now();
+        for (slot, link) in self.slots.iter_mut().zip(RedisLink::BOTH) {
+            if matches!(slot.state, State::Connected(_)) {
+                self.session.disconnected(link, now);
+            }
+            slot.state = State::Idle;
+        }
+        self.shutdown = true;
+        self.catch_ups.clear();
+        self.events.clear();
+    }
+
+    /// Polls for the next event; see [`next_event`](RedisClient::next_event).
+    pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisClientEvent>> {
+        for _ in 0..BUDGET {
+            if let Some(event) = self.events.pop_front() {
+                return Poll::Ready(Some(event));
+            }
+            if self.shutdown {
+                return Poll::Ready(None);
+            }
+            let mut progress = self.poll_commands(cx);
+            let events = &mut self.events;
+            progress |= self
+                .catch_ups
+                .poll(cx, &self.runtime, &mut self.session, |failure| {
+                    events.push_back(RedisClientEvent::CatchUpFailed {
+                        request: failure.request,
+                        error: failure.error,
+                        retry_in: failure.retry_in,
+                    });
+                });
+            self.drain_session();
+            let now = self.runtime.now();
+            for link in RedisLink::BOTH {
+                progress |= self.poll_link(cx, link, now);
+                self.drain_session();
+            }
+            progress |= self.poll_timer(cx, now);
+            self.drain_session();
+            if !progress && self.events.is_empty() {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while let Poll::Ready(Some(command)) = self.commands.poll_next_unpin(cx) {
+            progress = true;
+            let kind = command.kind();
+            if let Err(error) = self.session.send(command) {
+                self.events.push_back(RedisClientEvent::SendFailed {
+                    command: kind,
+                    error,
+                });
+            }
+        }
+        progress
+    }
+
+    fn drain_session(&mut self) {
+        while let Some(event) = self.session.poll_event() {
+            match &event {
+                RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
+                    self.catch_ups.start(request);
+                }
+                RedisEvent::Closing { link, error } => {
+                    if let Some(Slot {
+                        state: State::Connected(live),
+                        ..
+                    }) = self.slots.get_mut(slot_index(*link))
+                    {
+                        live.error = Some(error.to_string());
+                    }
+                }
+                _ => {}
+            }
+            self.events.push_back(RedisClientEvent::Session(event));
+        }
+    }
+
+    fn poll_timer(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        let Some(deadline) = self.session.poll_timeout() else {
+            return false;
+        };
+        if self.timer.poll(&self.runtime, deadline, now, cx) {
+            self.session.handle_timeout(now.max(deadline));
+            return true;
+        }
+        false
+    }
+
+    fn poll_link(&mut self, cx: &mut Context<'_>, link: RedisLink, now: Instant) -> bool {
+        let index = slot_index(link);
+        let wanted = self.session.wants(link);
+        let Some(slot) = self.slots.get_mut(index) else {
+            return false;
+        };
+        match &mut slot.state {
+            State::Idle => {
+                if wanted && !self.shutdown {
+                    slot.state = State::Start;
+                    return true;
+                }
+                false
+            }
+            State::Start => {
+                if !wanted {
+                    slot.state = State::Idle;
+                    return false;
+                }
+                let deadline = now + self.options.connect_timeout;
+                slot.state = State::Connecting {
+                    connect: self.config.connect(&self.runtime),
+                    timeout: self.runtime.sleep_until(deadline),
+                };
+                true
+            }
+            State::Waiting(sleep) => {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return false;
+                }
+                slot.state = State::Start;
+                true
+            }
+            State::Connecting { connect, timeout } => {
+                let result = match connect.as_mut().poll(cx) {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => match timeout.as_mut().poll(cx) {
+                        Poll::Ready(()) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "connection attempt timed out",
+                        )),
+                        Poll::Pending => return false,
+                    },
+                };
+                match result {
+                    Ok(io) => {
+                        slot.state = State::Connected(Box::new(Live {
+                            socket: Link::new(io),
+                            since: now,
+                            error: None,
+                        }));
+                        self.session.connect(link, now);
+                        self.events.push_back(RedisClientEvent::Connected { link });
+                    }
+                    Err(error) => {
+                        let retry_in = slot.backoff.next_delay();
+                        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+                        self.events.push_back(RedisClientEvent::ConnectFailed {
+                            link,
+                            error,
+                            retry_in,
+                        });
+                    }
+                }
+                true
+            }
+            State::Connected(live) => {
+                if let Some(message) = live.error.take() {
+                    self.lost(link, Disconnect::Fatal(message), now);
+                    return true;
+                }
+                let session = &mut self.session;
+                let written = match live.socket.poll_write(cx, || session.poll_transmit(link)) {
+                    Ok(written) => written,
+                    Err(error) => {
+                        self.lost(link, Disconnect::Io(error), now);
+                        return true;
+                    }
+                };
+                let mut progress = written.progress;
+                match live.socket.poll_read_into(cx, &mut self.read_buffer) {
+                    Poll::Ready(Ok(0)) => {
+                        self.lost(link, Disconnect::Closed, now);
+                        return true;
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        let data = self.read_buffer.get(..n).unwrap_or_default();
+                        self.session.handle_input(link, data, now);
+                        progress = true;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        self.lost(link, Disconnect::Io(error), now);
+                        return true;
+                    }
+                    Poll::Pending => {}
+                }
+                progress
+            }
+        }
+    }
+
+    fn lost(&mut self, link: RedisLink, reason: Disconnect, now: Instant) {
+        let Some(slot) = self.slots.get_mut(slot_index(link)) else {
+            return;
+        };
+        if let State::Connected(live) = &slot.state {
+            if now.saturating_duration_since(live.since) >= self.options.stable_after {
+                slot.backoff.reset();
+            }
+        }
+        let retry_in = slot.backoff.next_delay();
+        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+        self.session.disconnected(link, now);
+        self.drain_session();
+        self.events.push_back(RedisClientEvent::Disconnected {
+            link,
+            reason,
+            retry_in,
+        });
+    }
+}
+
+impl RedisConfig {
+    /// Session options for the deployment named `prefix` (its
+    /// `server_name`), with this configuration's credentials and database.
+    pub fn session_options(&self, prefix: impl Into<String>) -> RedisOptions {
+        let mut options = RedisOptions::new(prefix);
+        options.auth = self.auth().cloned();
+        options.database = self.database();
+        options
+    }
+}
+
+fn slot_index(link: RedisLink) -> usize {
+    match link {
+        RedisLink::Subscriber => 0,
+        RedisLink::Publisher => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client can be moved to a spawned task.
+    #[test]
+    fn client_is_send() {
+        fn send<T: Send>() {}
+        send::<RedisClient<Arc<dyn Runtime>>>();
+        send::<RedisClientEvent>();
+    }
+}

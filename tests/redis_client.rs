@@ -1,0 +1,837 @@
+//! The Redis transport against a real redis-server, on smol and on tokio:
+//! a writer and followers as `RedisClient`s, through restarts, kills,
+//! pauses, killed connections, a slow consumer cut off by Redis, and
+//! credentials right and wrong.
+//!
+//! Each test starts its own redis-server on a free loopback port (never
+//! 6379) through `common::redis_server`. Every client runs in the test's
+//! one task: `Hub::run_until` polls them all until a condition holds (or a
+//! generous deadline passes, which fails the test). Nothing here measures
+//! time; deadlines only stop a test that would otherwise hang.
+
+#![cfg(all(feature = "runtime-smol", feature = "runtime-tokio"))]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::future::poll_fn;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::redis_server::RedisServer;
+use synapse_replication::positions::{
+    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
+};
+use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
+use synapse_replication::transport::{
+    BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientEvent,
+    RedisClientOptions, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
+};
+use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
+use synapse_replication::writers::StreamWriters;
+
+const PREFIX: &str = "test.example";
+/// Stops a test that would hang; never reached when things work.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+type Rt = Arc<dyn Runtime>;
+type Log = Arc<Mutex<Vec<(Token, RawRow)>>>;
+
+/// Runs `scenario` on smol, then on tokio.
+fn on_both_runtimes(scenario: impl Fn(Rt) -> BoxFuture<'static, ()>) {
+    smol::block_on(scenario(Arc::new(SmolRuntime)));
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let runtime: Rt = Arc::new(TokioRuntime::new(tokio.handle().clone()));
+    tokio.block_on(scenario(runtime));
+}
+
+fn fast_options() -> RedisClientOptions {
+    let mut options = RedisClientOptions::default();
+    options.initial_backoff = Duration::from_millis(20);
+    options.catch_up_backoff = Duration::from_millis(20);
+    options
+}
+
+/// Rows per catch-up page (a batch may make a page longer).
+const PAGE: usize = 50;
+
+/// Serves catch-ups from the writer's log, in pages of about [`PAGE`] rows,
+/// so that `limited` pages are exercised.
+struct LogSource(Log);
+
+impl CatchUpSource for LogSource {
+    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+        let log = self.0.lock().expect("log");
+        let mut updates: Vec<(Token, RawRow)> = Vec::new();
+        let mut upto = request.to;
+        let mut limited = false;
+        let start = log.partition_point(|(token, _)| *token <= request.from);
+        for (token, row) in log.iter().skip(start) {
+            if *token > request.to {
+                break;
+            }
+            // Never split a batch across pages.
+            if updates.len() >= PAGE && updates.last().is_some_and(|(last, _)| last != token) {
+                upto = updates.last().map_or(request.to, |(last, _)| *last);
+                limited = true;
+                break;
+            }
+            updates.push((*token, row.clone()));
+        }
+        Box::pin(async move {
+            Ok(CatchUpPage {
+                updates,
+                upto,
+                limited,
+            })
+        })
+    }
+}
+
+/// One process: a client and what it has seen.
+struct Node {
+    name: &'static str,
+    client: RedisClient<Rt>,
+    /// Rows delivered by the follower, per stream.
+    rows: BTreeMap<StreamName, Vec<(Token, RawRow)>>,
+    ready: usize,
+    disconnects: Vec<(RedisLink, String)>,
+    closing: Vec<RedisError>,
+    publish_failures: Vec<(String, String)>,
+    retry_delays: Vec<Duration>,
+    commands: Vec<Command>,
+}
+
+impl Node {
+    fn new(
+        name: &'static str,
+        runtime: Rt,
+        config: RedisConfig,
+        log: Option<Log>,
+        tune: impl FnOnce(&mut synapse_replication::session::RedisOptions),
+    ) -> Node {
+        let registry = Arc::new(StreamWriters::default().with_redis(true));
+        let me = InstanceName::from(name);
+        let mut options = config.session_options(PREFIX);
+        options.client_name = Some(name.to_owned());
+        tune(&mut options);
+        let session = RedisSession::new(
+            options,
+            Follower::new(me.clone(), registry.clone()),
+            Writer::new(me, registry),
+        );
+        let mut client = RedisClient::with_options(runtime, config, session, fast_options());
+        if let Some(log) = log {
+            client = client.with_catch_up(Arc::new(LogSource(log)));
+        }
+        Node {
+            name,
+            client,
+            rows: BTreeMap::new(),
+            ready: 0,
+            disconnects: Vec::new(),
+            closing: Vec::new(),
+            publish_failures: Vec::new(),
+            retry_delays: Vec::new(),
+            commands: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, event: RedisClientEvent) {
+        if std::env::var_os("REDIS_TEST_TRACE").is_some() {
+            eprintln!("{}: {event:?}", self.name);
+        }
+        match event {
+            RedisClientEvent::Session(RedisEvent::Ready) => self.ready += 1,
+            RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::Rows {
+                stream,
+                token,
+                rows,
+                ..
+            })) => {
+                let held = self.rows.entry(stream).or_default();
+                held.extend(rows.into_iter().map(|row| (token, row)));
+            }
+            RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
+                self.closing.push(error)
+            }
+            RedisClientEvent::Session(RedisEvent::PublishFailed { command, error }) => self
+                .publish_failures
+                .push((command.to_string(), error.code.clone())),
+            RedisClientEvent::Session(RedisEvent::Command(command)) => self.commands.push(command),
+            RedisClientEvent::Disconnected {
+                link,
+                reason,
+                retry_in,
+            } => {
+                self.retry_delays.push(retry_in);
+                self.disconnects.push((link, reason.to_string()));
+            }
+            RedisClientEvent::ConnectFailed { retry_in, .. } => self.retry_delays.push(retry_in),
+            _ => {}
+        }
+    }
+
+    fn held(&self, stream: &StreamName) -> Vec<(Token, RawRow)> {
+        self.rows.get(stream).cloned().unwrap_or_default()
+    }
+}
+
+/// Polls every node of `nodes` until `done` holds; panics after PATIENCE.
+async fn run_until(
+    runtime: &Rt,
+    nodes: &mut [&mut Node],
+    what: &str,
+    mut done: impl FnMut(&[&mut Node]) -> bool,
+) {
+    let mut give_up = runtime.sleep_until(runtime.now() + PATIENCE);
+    poll_fn(|cx| {
+        loop {
+            let mut progress = false;
+            for node in nodes.iter_mut() {
+                while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
+                    node.record(event);
+                    progress = true;
+                }
+            }
+            if done(nodes) {
+                return Poll::Ready(());
+            }
+            if !progress {
+                break;
+            }
+        }
+        if give_up.as_mut().poll(cx).is_ready() {
+            let state: Vec<String> = nodes
+                .iter()
+                .map(|node| {
+                    format!(
+                        "{}: ready {} disconnects {:?} closing {:?} rows {:?}",
+                        node.name,
+                        node.ready,
+                        node.disconnects,
+                        node.closing,
+                        node.rows
+                            .iter()
+                            .map(|(s, r)| (s, r.len()))
+                            .collect::<Vec<_>>()
+                    )
+                })
+                .collect();
+            panic!("timed out waiting for {what}; {state:#?}");
+        }
+        Poll::Pending
+    })
+    .await;
+}
+
+/// Polls the nodes for `duration` (to let traffic flow with no condition).
+async fn run_for(runtime: &Rt, nodes: &mut [&mut Node], duration: Duration) {
+    let deadline = runtime.now() + duration;
+    let mut sleep = runtime.sleep_until(deadline);
+    poll_fn(|cx| {
+        for node in nodes.iter_mut() {
+            while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
+                node.record(event);
+            }
+        }
+        sleep.as_mut().poll(cx)
+    })
+    .await;
+}
+
+/// A row with `pad` more bytes in its state key.
+fn padded_row(n: i64, part: usize, pad: usize) -> RawRow {
+    let pad = "x".repeat(pad);
+    let json = format!(
+        r#"["ev",["$event{n}_{part}","!room:test.example","m.room.message","{pad}",null,null]]"#
+    );
+    RawRow::new(Bytes::from(json)).expect("a valid row")
+}
+
+/// The writer writes tokens `from..=to` of `events`, every third token a
+/// batch of three rows, and records them in `log`.
+fn write_rows(writer: &mut Node, log: &Log, from: i64, to: i64) {
+    write_padded_rows(writer, log, from, to, 0);
+}
+
+fn write_padded_rows(writer: &mut Node, log: &Log, from: i64, to: i64, pad: usize) {
+    for n in from..=to {
+        let token = Token(n);
+        let parts = if n % 3 == 0 { 3 } else { 1 };
+        let rows: Vec<(Token, RawRow)> = (0..parts)
+            .map(|part| (token, padded_row(n, part, pad)))
+            .collect();
+        log.lock().expect("log").extend(rows.iter().cloned());
+        writer
+            .client
+            .session_mut()
+            .write(&StreamName::Events, token, rows)
+            .expect("master writes events");
+    }
+}
+
+fn caught_up(node: &Node, log: &Log) -> bool {
+    node.held(&StreamName::Events) == *log.lock().expect("log")
+}
+
+fn assert_holds_log(node: &Node, log: &Log) {
+    let log = log.lock().expect("log");
+    let held = node.held(&StreamName::Events);
+    assert_eq!(
+        held.len(),
+        log.len(),
+        "{} holds {} rows, the writer wrote {}",
+        node.name,
+        held.len(),
+        log.len()
+    );
+    assert!(
+        held == *log,
+        "{} holds other rows than the writer's",
+        node.name
+    );
+}
+
+/// A writer (`master`) and a follower (`worker1`) on `server`, both ready,
+/// the writer's `events` stream started at token 0.
+async fn pair(runtime: &Rt, server: &RedisServer, log: &Log) -> (Node, Node) {
+    let config = RedisConfig::tcp("127.0.0.1", server.port());
+    let mut master = Node::new("master", runtime.clone(), config.clone(), None, |_| {});
+    master
+        .client
+        .session_mut()
+        .advance(&StreamName::Events, Token(0))
+        .expect("master writes events");
+    let mut worker = Node::new(
+        "worker1",
+        runtime.clone(),
+        config,
+        Some(log.clone()),
+        |_| {},
+    );
+    run_until(
+        runtime,
+        &mut [&mut master, &mut worker],
+        "both ready",
+        |nodes| nodes.iter().all(|node| node.ready > 0),
+    )
+    .await;
+    // The worker knows the writer's position once it has its POSITION.
+    run_until(
+        runtime,
+        &mut [&mut master, &mut worker],
+        "a position",
+        |nodes| {
+            nodes[1]
+                .client
+                .session()
+                .follower()
+                .position(&StreamName::Events, &InstanceName::master())
+                .is_some()
+        },
+    )
+    .await;
+    (master, worker)
+}
+
+#[test]
+fn follower_receives_everything_in_order_with_batches_intact() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let log: Log = Log::default();
+            let (mut master, mut worker) = pair(&runtime, &server, &log).await;
+            write_rows(&mut master, &log, 1, 300);
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "all rows",
+                |nodes| caught_up(nodes[1], &log),
+            )
+            .await;
+            assert_holds_log(&worker, &log);
+            // Live, not through catch-ups: nothing was missed.
+            assert!(worker.disconnects.is_empty());
+            let counters = worker.client.session().follower().counters();
+            assert_eq!(counters.catch_ups_requested, 0, "{counters:?}");
+        })
+    });
+}
+
+/// MONITOR on its own connection: the commands Redis executes, in order.
+struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    /// Connects (retrying every millisecond, so that it can be started
+    /// before the server, and be its first client) and sends MONITOR.
+    fn start(port: u16) -> Monitor {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + PATIENCE;
+            let mut stream = loop {
+                match TcpStream::connect(("127.0.0.1", port)) {
+                    Ok(stream) => break stream,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(error) => panic!("MONITOR cannot connect: {error}"),
+                }
+            };
+            stream.write_all(b"MONITOR\r\n").expect("MONITOR");
+            let reader = BufReader::new(stream);
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Monitor { lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
+    }
+}
+
+/// The client address of a MONITOR line (`+ts [db addr] "CMD" ...`).
+fn monitor_addr(line: &str) -> Option<&str> {
+    let start = line.find('[')?;
+    let end = line[start..].find(']')? + start;
+    line[start + 1..end].split(' ').nth(1)
+}
+
+/// After a restart, what `name` publishes must be: REPLICATE, then its
+/// POSITIONs, and the REPLICATE only after its SUBSCRIBE ran.
+fn assert_reconnect_order(lines: &[String], name: &str) {
+    let addr_named = |suffix: &str| {
+        let setname = format!("\"CLIENT\" \"SETNAME\" \"{name}-{suffix}\"");
+        lines
+            .iter()
+            .find(|line| line.contains(&setname))
+            .and_then(|line| monitor_addr(line))
+            .unwrap_or_else(|| panic!("no {name}-{suffix} in {lines:#?}"))
+            .to_owned()
+    };
+    let (sub, publisher) = (addr_named("sub"), addr_named("pub"));
+    let subscribe = lines
+        .iter()
+        .position(|line| monitor_addr(line) == Some(&sub) && line.contains("\"SUBSCRIBE\""))
+        .unwrap_or_else(|| panic!("no SUBSCRIBE in {lines:#?}"));
+    let published: Vec<(usize, &String)> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| monitor_addr(line) == Some(&publisher) && line.contains("\"PUBLISH\""))
+        .collect();
+    let (first, line) = published
+        .first()
+        .unwrap_or_else(|| panic!("{name} published nothing: {lines:#?}"));
+    assert!(
+        line.contains("\"REPLICATE \""),
+        "{name} published first: {line}"
+    );
+    assert!(subscribe < *first, "REPLICATE before SUBSCRIBE: {lines:#?}");
+    if name == "master" {
+        let second = published.get(1).map(|(_, line)| line.as_str());
+        assert!(
+            second.is_some_and(|line| line.contains("\"POSITION ")),
+            "{name}'s positions follow its REPLICATE: {second:?}"
+        );
+    }
+}
+
+async fn restart_scenario(runtime: Rt, kill: bool) {
+    let mut server = RedisServer::start();
+    let log: Log = Log::default();
+    let (mut master, mut worker) = pair(&runtime, &server, &log).await;
+    write_rows(&mut master, &log, 1, 50);
+    run_until(
+        &runtime,
+        &mut [&mut master, &mut worker],
+        "first rows",
+        |nodes| caught_up(nodes[1], &log),
+    )
+    .await;
+
+    if kill {
+        server.kill9();
+    } else {
+        server.stop();
+    }
+    // The master goes on writing while Redis is away: those rows are not
+    // published (there is nothing to publish to).
+    write_rows(&mut master, &log, 51, 80);
+    run_for(
+        &runtime,
+        &mut [&mut master, &mut worker],
+        Duration::from_millis(300),
+    )
+    .await;
+    let ready_before = (master.ready, worker.ready);
+    let monitor = Monitor::start(server.port());
+    server.restart();
+    run_until(
+        &runtime,
+        &mut [&mut master, &mut worker],
+        "ready again",
+        |nodes| nodes[0].ready > ready_before.0 && nodes[1].ready > ready_before.1,
+    )
+    .await;
+    write_rows(&mut master, &log, 81, 120);
+    run_until(
+        &runtime,
+        &mut [&mut master, &mut worker],
+        "caught up",
+        |nodes| caught_up(nodes[1], &log),
+    )
+    .await;
+    assert_holds_log(&worker, &log);
+    assert!(
+        worker
+            .disconnects
+            .iter()
+            .any(|(link, _)| *link == RedisLink::Subscriber),
+        "{:?}",
+        worker.disconnects
+    );
+    assert!(
+        worker
+            .client
+            .session()
+            .follower()
+            .counters()
+            .catch_ups_requested
+            > 0,
+        "the rows written while Redis was away came through a catch-up"
+    );
+    // Never more than the 5 s cap between attempts.
+    for delay in master.retry_delays.iter().chain(&worker.retry_delays) {
+        assert!(*delay <= Duration::from_secs(5), "{delay:?}");
+    }
+    assert_reconnect_order(&monitor.lines(), "worker1");
+    assert_reconnect_order(&monitor.lines(), "master");
+}
+
+#[test]
+fn redis_restarted_cleanly_mid_stream() {
+    on_both_runtimes(|runtime| Box::pin(restart_scenario(runtime, false)));
+}
+
+#[test]
+fn redis_killed_mid_stream() {
+    on_both_runtimes(|runtime| Box::pin(restart_scenario(runtime, true)));
+}
+
+#[test]
+fn paused_redis_is_noticed_and_reconnected() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let log: Log = Log::default();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let tune = |options: &mut synapse_replication::session::RedisOptions| {
+                options.ping_interval = Duration::from_millis(200);
+                options.ping_timeout = Duration::from_millis(600);
+            };
+            let mut master = Node::new("master", runtime.clone(), config.clone(), None, tune);
+            master
+                .client
+                .session_mut()
+                .advance(&StreamName::Events, Token(0))
+                .expect("writes events");
+            let mut worker = Node::new("worker1", runtime.clone(), config, Some(log.clone()), tune);
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "ready",
+                |nodes| nodes.iter().all(|node| node.ready > 0),
+            )
+            .await;
+
+            server.stop_signal();
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "timeouts",
+                |nodes| {
+                    nodes.iter().all(|node| {
+                        node.closing
+                            .iter()
+                            .any(|error| matches!(error, RedisError::Timeout(_)))
+                    })
+                },
+            )
+            .await;
+            write_rows(&mut master, &log, 1, 20);
+            server.cont_signal();
+            let before = (master.ready, worker.ready);
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "ready again",
+                |nodes| nodes[0].ready > before.0 && nodes[1].ready > before.1,
+            )
+            .await;
+            write_rows(&mut master, &log, 21, 40);
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "caught up",
+                |nodes| caught_up(nodes[1], &log),
+            )
+            .await;
+            assert_holds_log(&worker, &log);
+        })
+    });
+}
+
+#[test]
+fn killed_connections_are_each_noticed_and_restored() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let log: Log = Log::default();
+            let (mut master, mut worker) = pair(&runtime, &server, &log).await;
+
+            // The subscribers first.
+            let killed = server.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+            assert_eq!(killed.as_integer(), Some(2), "{killed:?}");
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "ready again",
+                |nodes| nodes.iter().all(|node| node.ready > 1),
+            )
+            .await;
+            for node in [&master, &worker] {
+                assert_eq!(
+                    node.disconnects
+                        .iter()
+                        .map(|(link, _)| *link)
+                        .collect::<Vec<_>>(),
+                    vec![RedisLink::Subscriber],
+                    "{}",
+                    node.name
+                );
+            }
+            write_rows(&mut master, &log, 1, 30);
+            run_until(&runtime, &mut [&mut master, &mut worker], "rows", |nodes| {
+                caught_up(nodes[1], &log)
+            })
+            .await;
+
+            // Then the publishers (every normal client but this one).
+            let killed = server.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+            assert!(killed.as_integer() >= Some(2), "{killed:?}");
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "ready again",
+                |nodes| nodes.iter().all(|node| node.ready > 2),
+            )
+            .await;
+            for node in [&master, &worker] {
+                assert_eq!(
+                    node.disconnects.last().map(|(link, _)| *link),
+                    Some(RedisLink::Publisher),
+                    "{}",
+                    node.name
+                );
+            }
+            write_rows(&mut master, &log, 31, 60);
+            run_until(&runtime, &mut [&mut master, &mut worker], "rows", |nodes| {
+                caught_up(nodes[1], &log)
+            })
+            .await;
+            assert_holds_log(&worker, &log);
+        })
+    });
+}
+
+#[test]
+fn slow_consumer_cut_by_redis_recovers_by_catch_up() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::options()
+                .args(&["--client-output-buffer-limit", "pubsub 64kb 32kb 1"])
+                .start();
+            let log: Log = Log::default();
+            let (mut master, mut worker) = pair(&runtime, &server, &log).await;
+
+            // The worker stops reading; the master publishes about 30 MB,
+            // far more than the socket buffers and the 64 kB limit hold.
+            for chunk in 0..30 {
+                write_padded_rows(&mut master, &log, chunk * 150 + 1, chunk * 150 + 150, 4096);
+                run_for(&runtime, &mut [&mut master], Duration::from_millis(10)).await;
+            }
+            let clients = server.command(&["CLIENT", "LIST", "TYPE", "pubsub"]);
+            let listed = String::from_utf8_lossy(clients.as_bytes().map_or(&[][..], |b| &b[..]))
+                .into_owned();
+            assert!(listed.contains("name=master-sub"), "{listed}");
+            assert!(
+                !listed.contains("name=worker1-sub"),
+                "Redis should have cut the worker's subscriber: {listed}"
+            );
+            // It reads on: the cut is a disconnect, then a catch-up.
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "caught up",
+                |nodes| caught_up(nodes[1], &log),
+            )
+            .await;
+            assert_holds_log(&worker, &log);
+            assert!(
+                worker
+                    .disconnects
+                    .iter()
+                    .any(|(link, reason)| *link == RedisLink::Subscriber && !reason.is_empty()),
+                "{:?}",
+                worker.disconnects
+            );
+            let session = worker.client.session();
+            assert!(session.buffered_input() < 1 << 20);
+            assert!(session.follower().buffered_bytes() < 1 << 20);
+        })
+    });
+}
+
+#[test]
+fn passwords_and_acl_users() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::options()
+                .requirepass("s3cret")
+                .user("replicator", "pw1")
+                .user_with_rules("reader", "pw2", &["~*", "&*", "+@all", "-publish"])
+                .start();
+            let url = |creds: &str| format!("redis://{creds}@127.0.0.1:{}", server.port());
+
+            // The default user's password, and an ACL user.
+            for creds in [":s3cret", "replicator:pw1"] {
+                let config = RedisConfig::from_url(&url(creds)).expect("a URL");
+                let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
+                run_until(&runtime, &mut [&mut node], "ready", |nodes| {
+                    nodes[0].ready > 0
+                })
+                .await;
+                assert!(node.closing.is_empty(), "{creds}: {:?}", node.closing);
+            }
+
+            // Wrong credentials: a clear error, and retries.
+            let config = RedisConfig::from_url(&url("replicator:wrong")).expect("a URL");
+            let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
+            run_until(&runtime, &mut [&mut node], "two refusals", |nodes| {
+                nodes[0]
+                    .closing
+                    .iter()
+                    .filter(|error| matches!(error, RedisError::Auth(_)))
+                    .count()
+                    >= 3
+            })
+            .await;
+            assert_eq!(node.ready, 0);
+            let message = node.closing[0].to_string();
+            assert!(message.contains("WRONGPASS"), "{message}");
+            assert!(
+                !message.contains("wrong"),
+                "no password in messages: {message}"
+            );
+
+            // A user that may not publish: typed NOPERM.
+            let config = RedisConfig::from_url(&url("reader:pw2")).expect("a URL");
+            let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
+            run_until(&runtime, &mut [&mut node], "NOPERM", |nodes| {
+                !nodes[0].publish_failures.is_empty()
+            })
+            .await;
+            assert_eq!(
+                node.publish_failures[0],
+                ("REPLICATE".to_owned(), "NOPERM".to_owned())
+            );
+        })
+    });
+}
+
+#[test]
+fn commands_are_published_on_their_channels() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let mut master = Node::new("master", runtime.clone(), config.clone(), None, |o| {
+                o.extra_channels = vec!["USER_IP".to_owned()];
+            });
+            let mut worker = Node::new("worker1", runtime.clone(), config, None, |_| {});
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "ready",
+                |nodes| nodes.iter().all(|node| node.ready > 0),
+            )
+            .await;
+            let user_ip = Command::decode(Bytes::from_static(
+                br#"USER_IP @a:test.example ["tok","1.2.3.4","agent","DEV",1]"#,
+            ))
+            .expect("valid")
+            .expect("a command");
+            let sync = Command::decode(Bytes::from_static(
+                b"USER_SYNC worker1 @a:test.example DEV start 1700000000000",
+            ))
+            .expect("valid")
+            .expect("a command");
+            worker.client.send(user_ip.clone()).expect("sent");
+            worker.client.send(sync.clone()).expect("sent");
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "commands",
+                |nodes| nodes[0].commands.len() >= 2,
+            )
+            .await;
+            assert!(master.commands.contains(&user_ip));
+            assert!(master.commands.contains(&sync));
+            // The worker did not subscribe to USER_IP: only the sync echo.
+            run_for(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                Duration::from_millis(100),
+            )
+            .await;
+            assert_eq!(worker.commands, vec![sync]);
+        })
+    });
+}
+
+#[test]
+fn disconnect_reasons_are_reported() {
+    // A closed server: connection refused, with backoff under the cap.
+    smol::block_on(async {
+        let runtime: Rt = Arc::new(SmolRuntime);
+        let port = {
+            let server = RedisServer::start();
+            server.port()
+        };
+        let config = RedisConfig::tcp("127.0.0.1", port);
+        let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
+        run_until(&runtime, &mut [&mut node], "failures", |nodes| {
+            nodes[0].retry_delays.len() >= 6
+        })
+        .await;
+        assert!(
+            node.retry_delays
+                .iter()
+                .all(|d| *d <= Duration::from_secs(5))
+        );
+        let _ = Disconnect::Closed;
+    });
+}
