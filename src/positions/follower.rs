@@ -1285,6 +1285,16 @@ impl Follower {
         self.streams.find(stream).map_or(0, |s| s.queued_commands)
     }
 
+    /// Every stream with commands held behind a catch-up, and how many:
+    /// how far behind the application is, per stream (Synapse's
+    /// `synapse_replication_tcp_command_queue`).
+    pub fn queued_by_stream(&self) -> impl Iterator<Item = (&StreamName, usize)> {
+        self.streams
+            .all()
+            .filter(|s| s.queued_commands > 0)
+            .map(|s| (&s.name, s.queued_commands))
+    }
+
     /// Row bytes held in queues and batches.
     pub fn buffered_bytes(&self) -> usize {
         self.ctx.buffered_bytes

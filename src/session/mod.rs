@@ -90,12 +90,14 @@
 
 mod lines;
 mod redis;
+mod stats;
 mod tcp;
 
 pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisEvent, RedisLink, RedisOptions,
     RedisSession, ServerError,
 };
+pub use stats::RedisStats;
 pub use tcp::{
     ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
     TcpConfig, TcpError,

@@ -1,6 +1,6 @@
 //! Replication over Redis pub/sub, sans-IO: [`RedisSession`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use crate::resp::{
 use crate::wire::{Command, CommandKind, DecodeError, Decoder, RawRow, StreamName, Token};
 
 use super::SendError;
+use super::stats::RedisStats;
 
 /// A password for Redis, and the ACL user it belongs to (none: Redis'
 /// `default` user, the `requirepass` password). Its [`Debug`] output hides
@@ -242,6 +243,24 @@ pub enum RedisError {
     FailedToKeepUp(usize),
 }
 
+impl RedisError {
+    /// A short label for the kind of error, for metrics: `auth`, `select`,
+    /// `subscribe`, `resp3_unsupported`, `protocol`, `unexpected`,
+    /// `timeout`, `failed_to_keep_up`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RedisError::Auth(_) => "auth",
+            RedisError::Select { .. } => "select",
+            RedisError::Subscribe(_) => "subscribe",
+            RedisError::Resp3Unsupported(_) => "resp3_unsupported",
+            RedisError::Protocol(_) => "protocol",
+            RedisError::Unexpected(_) => "unexpected",
+            RedisError::Timeout(_) => "timeout",
+            RedisError::FailedToKeepUp(_) => "failed_to_keep_up",
+        }
+    }
+}
+
 /// What a [`RedisSession`] tells the application.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -349,6 +368,9 @@ pub struct RedisCounters {
     pub failures: [u64; 2],
     /// Times the session became ready.
     pub ready: u64,
+    /// Connections given up, by [`RedisError::reason`] (Synapse's
+    /// `synapse_replication_tcp_protocol_close_reason`).
+    pub closes: BTreeMap<&'static str, u64>,
 }
 
 /// A reply a link waits for, in the order the commands went out.
@@ -932,6 +954,7 @@ impl RedisSession {
         if let Some(count) = self.counters.failures.get_mut(link.index()) {
             *count += 1;
         }
+        *self.counters.closes.entry(error.reason()).or_default() += 1;
         self.events.push_back(RedisEvent::Closing { link, error });
     }
 
@@ -1123,6 +1146,25 @@ impl RedisSession {
     /// What the session has done so far.
     pub fn counters(&self) -> &RedisCounters {
         &self.counters
+    }
+
+    /// A snapshot of how far behind this process is and what it has done,
+    /// for operators (see [`RedisStats`]).
+    pub fn stats(&self) -> RedisStats {
+        RedisStats {
+            ready: self.ready,
+            buffered_input: self.buffered_input(),
+            unsent_bytes: self.unsent_bytes(self.publisher()),
+            queued_commands: self.queued.len(),
+            queued_by_stream: self
+                .follower
+                .queued_by_stream()
+                .map(|(stream, count)| (stream.clone(), count))
+                .collect(),
+            follower_buffered_bytes: self.follower.buffered_bytes(),
+            catch_ups: self.follower.outstanding_catch_ups().len(),
+            counters: self.counters.clone(),
+        }
     }
 
     /// The options.
