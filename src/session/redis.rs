@@ -122,7 +122,11 @@ pub struct RedisOptions {
     /// reading: the publisher connection is closed and reopened (its
     /// streams are then announced again, and followers catch up). 32 MiB.
     pub max_unsent_bytes: usize,
-    /// Caps on what Redis may send (see [`resp::Limits`]).
+    /// Caps on what Redis may send (see [`resp::Limits`]); by default a
+    /// bulk string of 16 MiB and a frame of 32 MiB, the most buffered for
+    /// one connection. A message over them closes the connection (it is
+    /// not a replication line: those are refused beyond
+    /// [`RedisOptions::max_line_len`] and reported as malformed).
     pub resp_limits: resp::Limits,
     /// The longest replication line accepted in a message (see
     /// [`Decoder::max_line_len`]); longer ones are reported as malformed
@@ -149,7 +153,9 @@ impl RedisOptions {
             ping_timeout: Duration::from_secs(30),
             max_queued_while_disconnected: 0,
             max_unsent_bytes: 32 << 20,
-            resp_limits: resp::Limits::new(),
+            resp_limits: resp::Limits::new()
+                .with_max_bulk_len(16 << 20)
+                .with_max_frame_len(32 << 20),
             max_line_len: Decoder::DEFAULT_MAX_LINE,
             report_received: false,
         }
@@ -802,6 +808,11 @@ impl RedisSession {
         }
         let expect = self.take_expect(link)?;
         let error = ServerError::from_frame(&frame);
+        if let Some(error) = error.as_ref().filter(|error| error.code == "NOAUTH") {
+            // Redis wants a password this session has not given (or gave
+            // one it does not take): nothing else will work either.
+            return Err(RedisError::Auth(error.clone()));
+        }
         match (expect, error) {
             (Expect::Publish(command), Some(error)) => {
                 self.counters.publish_errors += 1;
@@ -826,7 +837,6 @@ impl RedisSession {
                 error,
             }),
             (Expect::Subscribe, Some(error)) => Err(RedisError::Subscribe(error)),
-            (Expect::Ping, Some(error)) if error.code == "NOAUTH" => Err(RedisError::Auth(error)),
             // A refused name or PING is not worth a connection.
             (Expect::SetName | Expect::Ping, _) => self.handshake_step(link, expect, now),
             (Expect::Hello | Expect::Auth | Expect::Select, None) => {

@@ -421,9 +421,18 @@ impl<R: Runtime> RedisClient<R> {
         while let Some(event) = self.session.poll_event() {
             match &event {
                 RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
+                    tracing::debug!(%request, "rows missed: catching up");
                     self.catch_ups.start(request);
                 }
+                RedisEvent::Ready => tracing::info!("replicating over Redis"),
+                RedisEvent::Malformed { error, .. } => {
+                    tracing::warn!(%error, "ignored a message that is not a command");
+                }
+                RedisEvent::PublishFailed { command, error } => {
+                    tracing::warn!(%command, %error, "Redis refused a publish");
+                }
                 RedisEvent::Closing { link, error } => {
+                    tracing::warn!(%link, %error, "closing the connection to Redis");
                     if let Some(Slot {
                         state: State::Connected(live),
                         ..
@@ -495,6 +504,7 @@ impl<R: Runtime> RedisClient<R> {
                 };
                 match result {
                     Ok(io) => {
+                        tracing::debug!(%link, endpoint = %self.config.endpoint(), "connected to Redis");
                         slot.state = State::Connected(Box::new(Live {
                             socket: Link::new(io),
                             since: now,
@@ -505,6 +515,13 @@ impl<R: Runtime> RedisClient<R> {
                     }
                     Err(error) => {
                         let retry_in = slot.backoff.next_delay();
+                        tracing::warn!(
+                            %link,
+                            endpoint = %self.config.endpoint(),
+                            %error,
+                            ?retry_in,
+                            "cannot connect to Redis"
+                        );
                         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
                         self.events.push_back(RedisClientEvent::ConnectFailed {
                             link,
@@ -560,6 +577,7 @@ impl<R: Runtime> RedisClient<R> {
             }
         }
         let retry_in = slot.backoff.next_delay();
+        tracing::warn!(%link, %reason, ?retry_in, "lost the connection to Redis");
         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
         self.session.disconnected(link, now);
         self.drain_session();

@@ -279,6 +279,25 @@ fn json_field<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `USER_IP` data starts with an access token: an error must not quote it
+/// (errors end up in logs).
+fn redact_input(error: DecodeError) -> DecodeError {
+    match error {
+        DecodeError::InvalidJson {
+            command,
+            field,
+            source,
+            input: _,
+        } => DecodeError::InvalidJson {
+            command,
+            field,
+            source,
+            input: "<not quoted: may hold an access token>".to_owned(),
+        },
+        other => other,
+    }
+}
+
 fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
     let (name_bytes, rest) = match line.iter().position(|b| *b == b' ') {
         Some(space) => (&line[..space], &line[space + 1..]),
@@ -381,7 +400,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 String,
                 Option<String>,
                 i64,
-            ) = json_field(kind, "JSON data", data)?;
+            ) = json_field(kind, "JSON data", data).map_err(redact_input)?;
             Command::UserIp(UserIp {
                 user_id: name(line, kind, "user id", user)?,
                 access_token: access_token.into(),
@@ -621,4 +640,19 @@ fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
         token,
         row: RawRow::from_validated(row),
     }))
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_user_ip_is_not_quoted() {
+        let line =
+            Bytes::from_static(br#"USER_IP @a:x ["syt_secret_token","1.2.3.4","ua",null,"x"]"#);
+        let error = Command::decode(line).expect_err("last_seen is not a number");
+        let text = format!("{error} {error:?}");
+        assert!(!text.contains("syt_secret_token"), "{text}");
+        assert!(text.contains("not quoted"), "{text}");
+    }
 }
