@@ -91,7 +91,9 @@ pub struct Position {
 /// `USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct UserSync {
-    /// The worker the user syncs on.
+    /// The process the user syncs on, by its instance *id*: Synapse sends
+    /// `hs.get_instance_id()`, a random id that changes at every start (not
+    /// the worker's name), and `CLEAR_USER_SYNC` names the same id.
     pub instance_id: InstanceName,
     /// The Matrix user id.
     pub user_id: ByteString,
