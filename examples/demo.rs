@@ -1,176 +1,1054 @@
 //! The crate's main demo: a writer and two followers, one of which is cut
-//! off for a while and catches up. Needs nothing else running.
+//! off for a while and catches up. Needs nothing else running, and no
+//! flags:
 //!
 //! ```text
 //! cargo run --example demo
 //! ```
 //!
-//! The main process (`master`) writes rows to the `caches` and `typing`
-//! streams. `worker1` stays connected and sees every row live. `worker2`
-//! loses its connection for a while (every command sent meanwhile is lost,
-//! as Redis pub/sub loses them), reconnects, asks for positions
-//! (`REPLICATE`), sees from the `POSITION`s that it missed rows, and fetches
-//! exactly those from the writer's log. At the end both followers hold
-//! exactly the writer's rows, in order, each once.
+//! One process plays three: the main process (`master`) writes rows to the
+//! `caches` and `typing` streams and keeps them in a log; `worker1` and
+//! `worker2` follow it, each driven by its own task. They talk:
 //!
-//! The processes talk through an in-memory bus: every byte still goes
-//! through the wire codec (encoded to Synapse's lines and decoded back), but
-//! no socket is opened.
+//! - through Redis pub/sub, as every current Synapse deployment does, when
+//!   `redis-server` is on `PATH`: the demo starts its own on a free
+//!   loopback port (never 6379, no persistence) and kills it at the end,
+//!   error or not (unless the demo itself is killed);
+//! - otherwise through the direct TCP transport on loopback: master is a
+//!   `TcpServer`, the workers are `TcpClient`s.
+//!
+//! `SYNAPSE_REPLICATION_DEMO_TRANSPORT=tcp` (or `=redis`) chooses instead.
+//!
+//! The story, in 30 rounds of writes (a `caches` row each round, a batch of
+//! two `typing` rows every third):
+//!
+//! 1. Rounds 1-10: both workers apply every row live.
+//! 2. worker2 is cut off: its task stops driving it (a stuck or partitioned
+//!    process) and its connections are closed from the other end (Redis:
+//!    `CLIENT KILL ID`, sent with this crate's RESP codec; TCP: the server
+//!    closes it). Rounds 11-20 are published meanwhile: worker1 gets them,
+//!    and nothing keeps them for worker2.
+//! 3. worker2 is driven again: it finds its connections gone, reconnects,
+//!    asks every writer for its positions (`REPLICATE`), sees from master's
+//!    `POSITION`s that it missed rows, and its client fetches exactly those
+//!    from master's log (a `CatchUpSource`: here a closure over the log;
+//!    against Synapse, HTTP).
+//! 4. Rounds 21-30: both workers apply every row live again.
+//!
+//! It prints that story in about 20 lines (which transport, each step, what
+//! worker2 fetched, what each worker holds) and ends by comparing both
+//! workers' rows with master's log. Success is the last line `both
+//! followers hold exactly the writer's rows, in order, each once` and exit
+//! status 0; anything else (a missing, repeated or reordered row, or a step
+//! that takes more than 15 s) prints `demo: <what went wrong>` and exits
+//! with status 1. It takes about a second. Over Redis (ports, ids and
+//! delays vary; over TCP the cut and reconnection lines differ):
+//!
+//! ```text
+//! transport: Redis pub/sub, through a redis-server 7.0.15 of the demo's own on 127.0.0.1:35887 (killed at the end)
+//! master: ready: subscribed to "example.com", announced POSITION caches 0 and typing 0
+//! worker1: ready: subscribed to "example.com", asked every writer for its positions (REPLICATE)
+//! worker2: ready: subscribed to "example.com", asked every writer for its positions (REPLICATE)
+//! worker1 and worker2 have master's positions: caches 0, typing 0
+//! rounds 1-10: master wrote 10 caches rows and 6 typing rows; both workers applied each live
+//! cut: worker2 is no longer driven, and CLIENT KILL ID 8 / ID 9 closed its two Redis connections
+//! rounds 11-20: master wrote 10 caches rows and 6 typing rows; only worker1 got them: Redis keeps nothing for an absent subscriber (worker2 is still at caches 10, typing 9)
+//! worker2 is driven again:
+//! worker2: lost its subscriber connection (closed by the peer); reconnecting in 65 ms
+//! worker2: lost its publisher connection (closed by the peer); reconnecting in 66 ms
+//! worker2: ready again: subscribed to "example.com", asked every writer for its positions (REPLICATE)
+//! worker2: master's POSITION typing 18 is past its 9: fetching (9, 18] from master's log
+//! worker2: master's POSITION caches 20 is past its 10: fetching (10, 20] from master's log
+//! worker2: caught up 6 typing rows, now at 18
+//! worker2: caught up 10 caches rows, now at 20
+//! rounds 21-30: master wrote 10 caches rows and 8 typing rows; both workers applied each live
+//! worker1: holds 30 caches rows and 20 typing rows; 50 applied live, 0 caught up
+//! worker2: holds 30 caches rows and 20 typing rows; 34 applied live, 16 caught up
+//! both followers hold exactly the writer's rows, in order, each once
+//! ```
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::error::Error;
+use std::future::Future;
+use std::io;
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::{Child, Command as Process, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, Writer};
-use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
+use bytes::{Bytes, BytesMut};
+use smol::channel::{Receiver, Sender};
+use smol::io::{AsyncReadExt, AsyncWriteExt};
+use smol::{LocalExecutor, Timer};
+use synapse_replication::positions::{
+    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Writer,
+};
+use synapse_replication::resp::{self, Frame};
+use synapse_replication::session::{
+    ClientEvent, ClientId, ClientSession, RedisEvent, RedisSession, ServerEvent, ServerSession,
+};
+use synapse_replication::transport::{
+    BoxError, BoxFuture, CatchUpSource, RedisClient, RedisClientEvent, RedisConfig, SmolRuntime,
+    TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
+};
+use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
 
+type Result<T, E = Box<dyn Error>> = std::result::Result<T, E>;
+
+/// Rows by stream, as `(token, row)` in the order written (or applied).
 type Log = BTreeMap<StreamName, Vec<(Token, RawRow)>>;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let registry = Arc::new(StreamWriters::default());
-    let mut now = Instant::now();
-    let master = InstanceName::master();
+/// The deployment's name: the Redis channel, the TCP server's name.
+const SERVER_NAME: &str = "example.com";
+/// Chooses the transport: `redis`, `tcp`, or unset (Redis if installed).
+const TRANSPORT_VAR: &str = "SYNAPSE_REPLICATION_DEMO_TRANSPORT";
+/// The longest any step may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+const ROUNDS: i64 = 30;
+const CUT_AFTER: i64 = 10;
+const BACK_AFTER: i64 = 20;
+const WORKERS: [&str; 2] = ["worker1", "worker2"];
+const STREAMS: [StreamName; 2] = [StreamName::Caches, StreamName::Typing];
 
-    let mut writer = Writer::new(master.clone(), registry.clone());
-    let mut log = Log::new();
-    let streams = [StreamName::Caches, StreamName::Typing];
-    for stream in &streams {
-        writer.advance(stream, Token(0))?;
-        log.insert(stream.clone(), Vec::new());
+fn main() -> ExitCode {
+    let executor = LocalExecutor::new();
+    match smol::block_on(executor.run(run(&executor))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("demo: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(executor: &LocalExecutor<'_>) -> Result<()> {
+    let log = Arc::new(Mutex::new(
+        STREAMS
+            .iter()
+            .map(|s| (s.clone(), Vec::new()))
+            .collect::<Log>(),
+    ));
+    let (reports_in, reports) = smol::channel::unbounded();
+    let mut observer = Observer::new(reports);
+
+    // The transport. `_redis` kills the redis-server when dropped, however
+    // `run` ends.
+    let (_redis, mut admin, master) = match choose_transport().await? {
+        Some((redis, mut admin)) => {
+            println!(
+                "transport: Redis pub/sub, through a redis-server {} of the demo's own on \
+                 127.0.0.1:{} (killed at the end)",
+                admin.version().await?,
+                redis.port
+            );
+            let config = RedisConfig::tcp("127.0.0.1", redis.port);
+            let master = Master::redis(&config, &STREAMS)?;
+            (Some(redis), Some((admin, config)), master)
+        }
+        None => {
+            let master = Master::tcp(&STREAMS).await?;
+            (None, None, master)
+        }
+    };
+    let mut followers = Vec::new();
+
+    // master first, then the workers, which ask for its positions.
+    let (to_master, master_control) = smol::channel::unbounded();
+    let master_task = executor.spawn(master.run(master_control, reports_in.clone()));
+    observer
+        .wait_until("master to be ready", |o| o.readies.contains_key("master"))
+        .await?;
+    for name in WORKERS {
+        let client = match (&admin, &tcp_addr(&observer)) {
+            (Some((_, config)), _) => Client::redis(name, config, log.clone()),
+            (None, Some(addr)) => Client::tcp(name, addr, log.clone())?,
+            (None, None) => return Err("master's TCP server has no address".into()),
+        };
+        let (to_follower, control) = smol::channel::unbounded();
+        let task = executor.spawn(follow(name, client, control, reports_in.clone()));
+        followers.push((name, to_follower, task));
+    }
+    let tips = log_tips(&log)?;
+    observer
+        .wait_until("the workers to have master's positions", |o| {
+            WORKERS.iter().all(|w| o.reached(w, &tips))
+        })
+        .await?;
+    println!("worker1 and worker2 have master's positions: caches 0, typing 0");
+
+    let mut live: Vec<&str> = WORKERS.to_vec();
+    for round in 1..=ROUNDS {
+        if round == CUT_AFTER + 1 {
+            let (_, to_worker2, _) = &followers[1];
+            let (paused, is_paused) = smol::channel::bounded(1);
+            to_worker2.send(ToFollower::Pause(paused)).await?;
+            is_paused.recv().await?;
+            live.retain(|w| *w != "worker2");
+            let how = match &mut admin {
+                Some((admin, _)) => {
+                    let ids = admin.kill_connections_of("worker2").await?;
+                    format!(
+                        "CLIENT KILL ID {} closed its two Redis connections",
+                        ids.join(" / ID ")
+                    )
+                }
+                None => {
+                    let (done, is_done) = smol::channel::bounded(1);
+                    to_master
+                        .send(ToMaster::Close {
+                            name: "worker2".into(),
+                            done,
+                        })
+                        .await?;
+                    is_done.recv().await??;
+                    "master's server closed its connection".to_owned()
+                }
+            };
+            println!("cut: worker2 is no longer driven, and {how}");
+        }
+        if round == BACK_AFTER + 1 {
+            println!("worker2 is driven again:");
+            followers[1].1.send(ToFollower::Resume).await?;
+            let tips = log_tips(&log)?;
+            observer
+                .wait_until("worker2 to catch up", |o| o.reached("worker2", &tips))
+                .await?;
+            live.push("worker2");
+        }
+
+        write_round(round, &log, &to_master).await?;
+        let tips = log_tips(&log)?;
+        observer
+            .wait_until(&format!("round {round} to reach {live:?}"), |o| {
+                live.iter().all(|w| o.reached(w, &tips))
+            })
+            .await?;
+
+        if round == CUT_AFTER || round == BACK_AFTER || round == ROUNDS {
+            let first = match round {
+                CUT_AFTER => 1,
+                BACK_AFTER => CUT_AFTER + 1,
+                _ => BACK_AFTER + 1,
+            };
+            let wrote = describe_rounds(&log, first, round)?;
+            let who = if round == BACK_AFTER {
+                let worker2 =
+                    |stream: &StreamName| observer.at("worker2", stream).unwrap_or(Token(0));
+                let nobody = if admin.is_some() {
+                    "Redis keeps nothing for an absent subscriber"
+                } else {
+                    "the server has no connection to send them on"
+                };
+                format!(
+                    "only worker1 got them: {nobody} (worker2 is still at caches {}, typing {})",
+                    worker2(&StreamName::Caches),
+                    worker2(&StreamName::Typing)
+                )
+            } else {
+                "both workers applied each live".to_owned()
+            };
+            println!("rounds {first}-{round}: master wrote {wrote}; {who}");
+        }
     }
 
-    let mut worker1 = Follower::new(InstanceName::from("worker1"), registry.clone());
-    let mut worker2 = Follower::new(InstanceName::from("worker2"), registry.clone());
-    let mut held1 = Log::new();
-    let mut held2 = Log::new();
-    for follower in [&mut worker1, &mut worker2] {
-        follower.connected();
+    // Stop everything and compare what each worker holds with the log.
+    let _ = to_master.send(ToMaster::Stop).await;
+    master_task.await;
+    let log = log
+        .lock()
+        .map_err(|_| "the log's lock is poisoned")?
+        .clone();
+    let mut wrong = Vec::new();
+    for (name, to_follower, task) in followers {
+        let _ = to_follower.send(ToFollower::Stop).await;
+        let held = task.await;
+        println!(
+            "{name}: holds {}; {} applied live, {} caught up",
+            count_rows(&held.log, |_| true),
+            held.live,
+            held.caught_up
+        );
+        if held.log != log {
+            wrong.push(name);
+        }
     }
-    writer.connected(now);
-    let mut worker2_online = true;
-
-    println!("master writes caches and typing; worker1 and worker2 follow");
-    for round in 1..=30_i64 {
-        now += Duration::from_millis(100);
-        if round == 10 {
-            println!("round {round}: worker2 loses its connection");
-            worker2.disconnected();
-            worker2_online = false;
-        }
-        if round == 20 {
-            println!("round {round}: worker2 reconnects and sends REPLICATE");
-            worker2.connected();
-            worker2_online = true;
-            writer.handle_command(&Command::Replicate, now);
-        }
-
-        // The writer writes: a caches row every round, a typing batch of two
-        // rows with one token every third round.
-        let token = Token(round);
-        let caches_row = row(&format!(
-            r#"["get_user_by_id",["@user{round}:example.com"],{round}]"#
-        ))?;
-        let caches = log.get_mut(&StreamName::Caches).ok_or("no caches log")?;
-        caches.push((token, caches_row.clone()));
-        writer.write(&StreamName::Caches, token, [(token, caches_row)])?;
-        if round % 3 == 0 {
-            let rows = [
-                row(&format!(
-                    r#"["!room{round}:example.com",["@a:example.com"]]"#
-                ))?,
-                row(&format!(r#"["!other{round}:example.com",[]]"#))?,
-            ];
-            let typing = log.get_mut(&StreamName::Typing).ok_or("no typing log")?;
-            typing.extend(rows.iter().map(|r| (token, r.clone())));
-            writer.write(&StreamName::Typing, token, rows.map(|r| (token, r)))?;
-        }
-
-        // The bus: every command goes over the wire as Synapse's bytes.
-        while let Some(command) = writer.poll_command() {
-            let line = command.to_bytes()?;
-            deliver(&mut worker1, &line)?;
-            if worker2_online {
-                deliver(&mut worker2, &line)?;
-            }
-        }
-        drain("worker1", &mut worker1, &mut held1, &log, false)?;
-        drain("worker2", &mut worker2, &mut held2, &log, true)?;
-    }
-
-    for (name, held) in [("worker1", &held1), ("worker2", &held2)] {
-        for stream in &streams {
-            let rows = held.get(stream).map_or(0, Vec::len);
-            let expected = log.get(stream).map_or(0, Vec::len);
-            println!("{name}: {stream}: {rows} rows, writer wrote {expected}");
-        }
-        if held != &log {
-            return Err(format!("{name} does not hold exactly the writer's rows").into());
-        }
+    if !wrong.is_empty() {
+        return Err(format!("{wrong:?} do not hold exactly the writer's rows").into());
     }
     println!("both followers hold exactly the writer's rows, in order, each once");
     Ok(())
 }
 
-fn row(json: &str) -> Result<RawRow, Box<dyn std::error::Error>> {
-    Ok(RawRow::new(Bytes::copy_from_slice(json.as_bytes()))?)
+/// Redis if asked for, or if not asked for and installed; `None`: TCP.
+async fn choose_transport() -> Result<Option<(RedisServer, Admin)>> {
+    let choice = std::env::var(TRANSPORT_VAR).unwrap_or_default();
+    match choice.as_str() {
+        "tcp" => {
+            println!("transport: direct TCP on loopback ({TRANSPORT_VAR}=tcp)");
+            Ok(None)
+        }
+        "redis" => Ok(Some(
+            RedisServer::start()
+                .await?
+                .ok_or("redis-server is not on PATH")?,
+        )),
+        "" => match RedisServer::start().await {
+            Ok(Some(redis)) => Ok(Some(redis)),
+            Ok(None) => {
+                println!("transport: direct TCP on loopback (redis-server is not on PATH)");
+                Ok(None)
+            }
+            Err(error) => {
+                println!("transport: direct TCP on loopback (redis-server did not start: {error})");
+                Ok(None)
+            }
+        },
+        other => Err(format!("{TRANSPORT_VAR}={other:?}: use redis or tcp").into()),
+    }
 }
 
-fn deliver(follower: &mut Follower, line: &Bytes) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(command) = Command::decode(line.clone())? {
-        follower.handle_command(command);
+/// The TCP server's address, once master reported it.
+fn tcp_addr(observer: &Observer) -> Option<String> {
+    observer.readies.get("master").cloned().flatten()
+}
+
+/// Round `round`: a `caches` row, and every third round a batch of two
+/// `typing` rows, all with token `round`: logged, then written.
+async fn write_round(round: i64, log: &Mutex<Log>, to_master: &Sender<ToMaster>) -> Result<()> {
+    let token = Token(round);
+    let mut writes = vec![(
+        StreamName::Caches,
+        vec![row(&format!(
+            r#"["get_user_by_id",["@user{round}:example.com"],{round}]"#
+        ))?],
+    )];
+    if round % 3 == 0 {
+        writes.push((
+            StreamName::Typing,
+            vec![
+                row(&format!(
+                    r#"["!room{round}:example.com",["@a:example.com"]]"#
+                ))?,
+                row(&format!(r#"["!other{round}:example.com",[]]"#))?,
+            ],
+        ));
+    }
+    for (stream, rows) in writes {
+        // The log first: a catch-up may ask for the rows as soon as they
+        // are published.
+        log.lock()
+            .map_err(|_| "the log's lock is poisoned")?
+            .entry(stream.clone())
+            .or_default()
+            .extend(rows.iter().map(|r| (token, r.clone())));
+        to_master
+            .send(ToMaster::Write {
+                stream,
+                token,
+                rows,
+            })
+            .await?;
     }
     Ok(())
 }
 
-/// Applies what the follower hands over; serves catch-ups from the log.
-fn drain(
-    name: &str,
-    follower: &mut Follower,
-    held: &mut Log,
-    log: &Log,
-    verbose: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    while let Some(event) = follower.poll_event() {
-        match event {
-            FollowerEvent::Rows {
+fn row(json: &str) -> Result<RawRow> {
+    Ok(RawRow::new(Bytes::copy_from_slice(json.as_bytes()))?)
+}
+
+/// The last token of each stream in the log.
+fn log_tips(log: &Mutex<Log>) -> Result<BTreeMap<StreamName, Token>> {
+    let log = log.lock().map_err(|_| "the log's lock is poisoned")?;
+    Ok(log
+        .iter()
+        .map(|(stream, rows)| (stream.clone(), rows.last().map_or(Token(0), |r| r.0)))
+        .collect())
+}
+
+/// "10 caches rows and 6 typing rows" for rounds `first..=last`.
+fn describe_rounds(log: &Mutex<Log>, first: i64, last: i64) -> Result<String> {
+    let log = log.lock().map_err(|_| "the log's lock is poisoned")?;
+    Ok(count_rows(&log, |token| (first..=last).contains(&token.0)))
+}
+
+/// "30 caches rows and 20 typing rows": the rows of `log` whose token is
+/// kept.
+fn count_rows(log: &Log, keep: impl Fn(Token) -> bool) -> String {
+    let counts: Vec<String> = STREAMS
+        .iter()
+        .map(|stream| {
+            let rows = log.get(stream).map_or(&[][..], Vec::as_slice);
+            let count = rows.iter().filter(|(token, _)| keep(*token)).count();
+            format!("{count} {stream} rows")
+        })
+        .collect();
+    counts.join(" and ")
+}
+
+/// master's log as a [`CatchUpSource`]: the rows of `(from, to]`, in one
+/// page.
+fn log_source(log: Arc<Mutex<Log>>) -> Arc<dyn CatchUpSource> {
+    Arc::new(
+        move |request: CatchUpRequest| -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+            let page = log
+                .lock()
+                .map_err(|_| BoxError::from("the log's lock is poisoned"))
+                .map(|log| CatchUpPage {
+                    updates: log
+                        .get(&request.stream)
+                        .into_iter()
+                        .flatten()
+                        .filter(|(token, _)| *token > request.from && *token <= request.to)
+                        .filter(|_| request.writer == InstanceName::master())
+                        .cloned()
+                        .collect(),
+                    upto: request.to,
+                    limited: false,
+                });
+            Box::pin(std::future::ready(page))
+        },
+    )
+}
+
+/// What the tasks tell `run`, which prints the story.
+enum Report {
+    /// A process is ready; for a TCP server, its address.
+    Ready {
+        name: &'static str,
+        what: String,
+        addr: Option<String>,
+    },
+    /// A worker reached `token` on `stream` (rows applied, or a position).
+    At {
+        name: &'static str,
+        stream: StreamName,
+        token: Token,
+        rows: usize,
+        source: RowSource,
+    },
+    /// A worker fetches rows it missed.
+    CatchUp {
+        name: &'static str,
+        request: CatchUpRequest,
+    },
+    /// Something to print as is.
+    Note(String),
+}
+
+/// Follows the tasks' reports: who is ready, who reached which token.
+struct Observer {
+    reports: Receiver<Report>,
+    /// Ready processes, with the TCP server's address.
+    readies: HashMap<&'static str, Option<String>>,
+    at: HashMap<(&'static str, StreamName), Token>,
+    /// Catch-ups under way: the request and the rows fetched so far.
+    catching_up: HashMap<(&'static str, StreamName), (CatchUpRequest, usize)>,
+}
+
+impl Observer {
+    fn new(reports: Receiver<Report>) -> Observer {
+        Observer {
+            reports,
+            readies: HashMap::new(),
+            at: HashMap::new(),
+            catching_up: HashMap::new(),
+        }
+    }
+
+    fn at(&self, name: &'static str, stream: &StreamName) -> Option<Token> {
+        self.at.get(&(name, stream.clone())).copied()
+    }
+
+    fn reached(&self, name: &'static str, tips: &BTreeMap<StreamName, Token>) -> bool {
+        tips.iter()
+            .all(|(stream, tip)| self.at(name, stream).is_some_and(|at| at >= *tip))
+    }
+
+    /// Handles reports, printing the story, until `done`.
+    async fn wait_until(&mut self, what: &str, done: impl Fn(&Observer) -> bool) -> Result<()> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !done(self) {
+            let report = smol::future::or(async { self.reports.recv().await.ok() }, async {
+                Timer::at(deadline).await;
+                None
+            })
+            .await;
+            let Some(report) = report else {
+                return Err(format!("gave up waiting for {what} after {STEP_TIMEOUT:?}").into());
+            };
+            self.handle(report);
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, report: Report) {
+        match report {
+            Report::Ready { name, what, addr } => {
+                let again = self.readies.insert(name, addr).is_some();
+                let again = if again { " again" } else { "" };
+                println!("{name}: ready{again}: {what}");
+            }
+            Report::At {
+                name,
                 stream,
                 token,
                 rows,
                 source,
-                ..
             } => {
-                if verbose && source != synapse_replication::positions::RowSource::Live {
-                    println!(
-                        "{name}: {} caught-up rows of {stream} at token {token}",
-                        rows.len()
-                    );
+                let key = (name, stream.clone());
+                let at = self.at.entry(key.clone()).or_insert(token);
+                *at = (*at).max(token);
+                if let Some((request, fetched)) = self.catching_up.get_mut(&key) {
+                    if source == RowSource::CatchUp {
+                        *fetched += rows;
+                    }
+                    if token >= request.to {
+                        println!("{name}: caught up {fetched} {stream} rows, now at {token}");
+                        self.catching_up.remove(&key);
+                    }
                 }
-                let held = held.entry(stream).or_default();
-                held.extend(rows.into_iter().map(|row| (token, row)));
             }
-            FollowerEvent::CatchUp(request) => {
+            Report::CatchUp { name, request } => {
                 println!(
-                    "{name}: missed rows of {} between {} and {}: fetching them",
-                    request.stream, request.from, request.to
+                    "{name}: {}'s POSITION {} {} is past its {}: fetching ({}, {}] from {}'s log",
+                    request.writer,
+                    request.stream,
+                    request.to,
+                    request.from,
+                    request.from,
+                    request.to,
+                    request.writer
                 );
-                let updates = log
-                    .get(&request.stream)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(token, _)| *token > request.from && *token <= request.to)
-                    .cloned()
-                    .collect();
-                let page = CatchUpPage {
-                    updates,
-                    upto: request.to,
-                    limited: false,
-                };
-                follower.handle_catch_up(request.id, page)?;
+                self.catching_up
+                    .insert((name, request.stream.clone()), (request, 0));
             }
-            _ => {}
+            Report::Note(line) => println!("{line}"),
         }
     }
-    Ok(())
+}
+
+/// Messages to master's task.
+enum ToMaster {
+    Write {
+        stream: StreamName,
+        token: Token,
+        rows: Vec<RawRow>,
+    },
+    /// (TCP) Close the named client's connection; answered once it is
+    /// closed.
+    Close {
+        name: String,
+        done: Sender<Result<(), String>>,
+    },
+    Stop,
+}
+
+/// The writer: a Redis client, or a TCP server.
+enum Master {
+    Redis(Box<RedisClient<SmolRuntime>>),
+    Tcp {
+        server: Box<TcpServer<SmolRuntime>>,
+        names: HashMap<String, ClientId>,
+        closing: Option<(ClientId, Sender<Result<(), String>>)>,
+    },
+}
+
+fn master_writer(registry: Arc<StreamWriters>, streams: &[StreamName]) -> Result<Writer> {
+    let mut writer = Writer::new(InstanceName::master(), registry);
+    for stream in streams {
+        writer.advance(stream, Token(0))?;
+    }
+    Ok(writer)
+}
+
+impl Master {
+    fn redis(config: &RedisConfig, streams: &[StreamName]) -> Result<Master> {
+        // Over Redis every process writes `caches` too.
+        let registry = Arc::new(StreamWriters::default().with_redis(true));
+        let mut options = config.session_options(SERVER_NAME);
+        options.client_name = Some("master".into());
+        let session = RedisSession::new(
+            options,
+            Follower::new(InstanceName::master(), registry.clone()),
+            master_writer(registry, streams)?,
+        );
+        let client = RedisClient::new(SmolRuntime, config.clone(), session);
+        Ok(Master::Redis(Box::new(client)))
+    }
+
+    async fn tcp(streams: &[StreamName]) -> Result<Master> {
+        let registry = Arc::new(StreamWriters::default());
+        let writer = master_writer(registry, streams)?;
+        let session = ServerSession::new(SERVER_NAME, writer, Instant::now())?;
+        let server = TcpServer::bind(SmolRuntime, "127.0.0.1:0", session).await?;
+        Ok(Master::Tcp {
+            server: Box::new(server),
+            names: HashMap::new(),
+            closing: None,
+        })
+    }
+
+    /// Drives master, writes what `run` asks for.
+    async fn run(mut self, control: Receiver<ToMaster>, reports: Sender<Report>) {
+        if let Master::Tcp { server, .. } = &self {
+            let addr = server.local_addr().map(|a| a.to_string()).ok();
+            let what = format!(
+                "a TcpServer on {} serving caches and typing",
+                addr.as_deref().unwrap_or("?")
+            );
+            let _ = reports.try_send(Report::Ready {
+                name: "master",
+                what,
+                addr,
+            });
+        }
+        loop {
+            let next = smol::future::or(async { Err(control.recv().await) }, async {
+                Ok(self.next().await)
+            })
+            .await;
+            match next {
+                Ok(None) => {}
+                Ok(Some(report)) => {
+                    let _ = reports.try_send(report);
+                }
+                Err(Ok(ToMaster::Write {
+                    stream,
+                    token,
+                    rows,
+                })) => {
+                    let updates = rows.into_iter().map(|r| (token, r));
+                    let written = match &mut self {
+                        Master::Redis(client) => {
+                            client.session_mut().write(&stream, token, updates)
+                        }
+                        Master::Tcp { server, .. } => {
+                            server.session_mut().write(&stream, token, updates)
+                        }
+                    };
+                    if let Err(error) = written {
+                        let _ = reports.try_send(Report::Note(format!("master: {error}")));
+                    }
+                }
+                Err(Ok(ToMaster::Close { name, done })) => match &mut self {
+                    Master::Tcp {
+                        server,
+                        names,
+                        closing,
+                    } => match names.get(&name) {
+                        Some(&client) => {
+                            server.session_mut().close(client, "cut off by the demo");
+                            *closing = Some((client, done));
+                        }
+                        None => {
+                            let _ = done.try_send(Err(format!("no client named {name}")));
+                        }
+                    },
+                    Master::Redis(_) => {
+                        let _ = done.try_send(Err("not a TCP server".into()));
+                    }
+                },
+                Err(Ok(ToMaster::Stop) | Err(_)) => break,
+            }
+        }
+        if let Master::Redis(client) = &mut self {
+            client.close(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// The next thing worth reporting, if any.
+    async fn next(&mut self) -> Option<Report> {
+        match self {
+            Master::Redis(client) => match client.next_event().await? {
+                RedisClientEvent::Session(RedisEvent::Ready) => Some(Report::Ready {
+                    name: "master",
+                    what: format!(
+                        "subscribed to \"{SERVER_NAME}\", announced POSITION caches 0 and typing 0"
+                    ),
+                    addr: None,
+                }),
+                RedisClientEvent::Connected { .. }
+                | RedisClientEvent::Session(RedisEvent::Follower(_) | RedisEvent::Command(_)) => {
+                    None
+                }
+                other => Some(Report::Note(format!("master: {other:?}"))),
+            },
+            Master::Tcp {
+                server,
+                names,
+                closing,
+            } => match server.next_event().await {
+                TcpServerEvent::Session(ServerEvent::Named { client, name }) => {
+                    names.insert(name.to_string(), client);
+                    None
+                }
+                TcpServerEvent::Disconnected { client, .. } => {
+                    names.retain(|_, id| *id != client);
+                    if let Some((_, done)) = closing.take_if(|(id, _)| *id == client) {
+                        let _ = done.try_send(Ok(()));
+                    }
+                    None
+                }
+                TcpServerEvent::Accepted { .. }
+                | TcpServerEvent::Session(
+                    ServerEvent::Replicated { .. } | ServerEvent::Closing { .. },
+                ) => None,
+                other => Some(Report::Note(format!("master: {other:?}"))),
+            },
+        }
+    }
+}
+
+/// Messages to a worker's task.
+enum ToFollower {
+    /// Stop driving the client (answered once stopped) until `Resume`.
+    Pause(Sender<()>),
+    Resume,
+    Stop,
+}
+
+/// A worker's replication client.
+enum Client {
+    Redis(Box<RedisClient<SmolRuntime>>),
+    Tcp(Box<TcpClient<SmolRuntime>>),
+}
+
+/// What a worker's client reported, in the demo's terms.
+enum Seen {
+    Ready(String),
+    Follower(FollowerEvent),
+    Note(String),
+    Nothing,
+    Closed,
+}
+
+impl Client {
+    fn redis(name: &'static str, config: &RedisConfig, log: Arc<Mutex<Log>>) -> Client {
+        let registry = Arc::new(StreamWriters::default().with_redis(true));
+        let me = InstanceName::from(name);
+        let mut options = config.session_options(SERVER_NAME);
+        // Its connections are `<name>-sub` and `<name>-pub` in CLIENT LIST.
+        options.client_name = Some(name.into());
+        let session = RedisSession::new(
+            options,
+            Follower::new(me.clone(), registry.clone()),
+            Writer::new(me, registry),
+        );
+        let client =
+            RedisClient::new(SmolRuntime, config.clone(), session).with_catch_up(log_source(log));
+        Client::Redis(Box::new(client))
+    }
+
+    fn tcp(name: &'static str, addr: &str, log: Arc<Mutex<Log>>) -> Result<Client> {
+        let registry = Arc::new(StreamWriters::default());
+        let follower = Follower::new(InstanceName::from(name), registry);
+        let session = ClientSession::new(SERVER_NAME, follower)?;
+        let client = TcpClient::new(SmolRuntime, addr, session).with_catch_up(log_source(log));
+        Ok(Client::Tcp(Box::new(client)))
+    }
+
+    async fn next(&mut self) -> Seen {
+        match self {
+            Client::Redis(client) => match client.next_event().await {
+                None => Seen::Closed,
+                Some(RedisClientEvent::Session(RedisEvent::Ready)) => Seen::Ready(format!(
+                    "subscribed to \"{SERVER_NAME}\", asked every writer for its positions \
+                     (REPLICATE)"
+                )),
+                Some(RedisClientEvent::Session(RedisEvent::Follower(event))) => {
+                    Seen::Follower(event)
+                }
+                Some(RedisClientEvent::Disconnected {
+                    link,
+                    reason,
+                    retry_in,
+                }) => Seen::Note(format!(
+                    "lost its {link} connection ({reason}); reconnecting in {} ms",
+                    retry_in.as_millis()
+                )),
+                Some(
+                    RedisClientEvent::Connected { .. }
+                    | RedisClientEvent::Session(RedisEvent::Command(_)),
+                ) => Seen::Nothing,
+                Some(other) => Seen::Note(format!("{other:?}")),
+            },
+            Client::Tcp(client) => match client.next_event().await {
+                None => Seen::Closed,
+                Some(TcpClientEvent::Session(ClientEvent::Ready { .. })) => Seen::Ready(
+                    "connected to master's server, asked for its positions (REPLICATE)".into(),
+                ),
+                Some(TcpClientEvent::Session(ClientEvent::Follower(event))) => {
+                    Seen::Follower(event)
+                }
+                Some(TcpClientEvent::Session(ClientEvent::PeerError(message))) => {
+                    Seen::Note(format!("the server said ERROR {message}"))
+                }
+                Some(TcpClientEvent::Disconnected { reason, retry_in }) => Seen::Note(format!(
+                    "lost its connection ({reason}); reconnecting in {} ms",
+                    retry_in.as_millis()
+                )),
+                Some(TcpClientEvent::Connected) => Seen::Nothing,
+                Some(other) => Seen::Note(format!("{other:?}")),
+            },
+        }
+    }
+
+    async fn close(&mut self) {
+        match self {
+            Client::Redis(client) => client.close(Duration::from_secs(1)).await,
+            Client::Tcp(client) => client.close().await,
+        }
+    }
+}
+
+/// What a worker applied.
+struct Held {
+    log: Log,
+    live: usize,
+    caught_up: usize,
+}
+
+/// Drives a worker's client, applies its rows, reports progress.
+async fn follow(
+    name: &'static str,
+    mut client: Client,
+    control: Receiver<ToFollower>,
+    reports: Sender<Report>,
+) -> Held {
+    let mut held = Held {
+        log: STREAMS.into_iter().map(|s| (s, Vec::new())).collect(),
+        live: 0,
+        caught_up: 0,
+    };
+    let report = |report| {
+        let _ = reports.try_send(report);
+    };
+    loop {
+        let next = smol::future::or(async { Err(control.recv().await) }, async {
+            Ok(client.next().await)
+        })
+        .await;
+        let seen = match next {
+            Ok(seen) => seen,
+            Err(Ok(ToFollower::Pause(paused))) => {
+                let _ = paused.send(()).await;
+                match control.recv().await {
+                    Ok(ToFollower::Resume) => continue,
+                    _ => break,
+                }
+            }
+            Err(Ok(ToFollower::Resume)) => continue,
+            Err(Ok(ToFollower::Stop) | Err(_)) => break,
+        };
+        match seen {
+            Seen::Ready(what) => report(Report::Ready {
+                name,
+                what,
+                addr: None,
+            }),
+            Seen::Follower(FollowerEvent::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            }) if writer == InstanceName::master() => {
+                let count = rows.len();
+                match source {
+                    RowSource::Live => held.live += count,
+                    RowSource::CatchUp => held.caught_up += count,
+                }
+                let applied = held.log.entry(stream.clone()).or_default();
+                applied.extend(rows.into_iter().map(|r| (token, r)));
+                report(Report::At {
+                    name,
+                    stream,
+                    token,
+                    rows: count,
+                    source,
+                });
+            }
+            Seen::Follower(FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            }) if writer == InstanceName::master() => report(Report::At {
+                name,
+                stream,
+                token,
+                rows: 0,
+                source: RowSource::Live,
+            }),
+            Seen::Follower(FollowerEvent::CatchUp(request)) => {
+                report(Report::CatchUp { name, request });
+            }
+            Seen::Follower(other) => report(Report::Note(format!("{name}: {other}"))),
+            Seen::Note(line) => report(Report::Note(format!("{name}: {line}"))),
+            Seen::Nothing => {}
+            Seen::Closed => break,
+        }
+    }
+    client.close().await;
+    held
+}
+
+/// A redis-server of the demo's own, killed when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free loopback port, without persistence,
+    /// and connects to it; `None` if it is not on `PATH`.
+    async fn start() -> Result<Option<(RedisServer, Admin)>> {
+        let mut failure = String::from("no free port");
+        for _attempt in 0..3 {
+            // A port the OS says is free; redis-server may still lose it to
+            // another process, and then exits: try another.
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+                .local_addr()?
+                .port();
+            if port == 6379 {
+                continue;
+            }
+            let child = Process::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(std::env::temp_dir())
+                .args(["--dbfilename", &format!("demo-{}.rdb", std::process::id())])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let child = match child {
+                Ok(child) => child,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(error) => return Err(format!("starting redis-server: {error}").into()),
+            };
+            let mut server = RedisServer { child, port };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            failure = "it did not answer within 5 s".into();
+            while Instant::now() < deadline {
+                if let Some(status) = server.child.try_wait()? {
+                    failure = format!("it exited ({status})");
+                    break;
+                }
+                if let Ok(mut admin) = Admin::connect(port).await {
+                    if admin.call(&["PING"]).await.is_ok() {
+                        return Ok(Some((server, admin)));
+                    }
+                }
+                Timer::after(Duration::from_millis(20)).await;
+            }
+        }
+        Err(failure.into())
+    }
+}
+
+/// A plain connection to Redis for admin commands, through the crate's
+/// RESP encoder and decoder.
+struct Admin {
+    stream: smol::net::TcpStream,
+    decoder: resp::Decoder,
+    input: BytesMut,
+}
+
+impl Admin {
+    async fn connect(port: u16) -> io::Result<Admin> {
+        Ok(Admin {
+            stream: smol::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?,
+            decoder: resp::Decoder::new(),
+            input: BytesMut::new(),
+        })
+    }
+
+    /// Sends a command, returns the reply (an error reply is an error).
+    async fn call(&mut self, args: &[&str]) -> Result<Frame> {
+        timeout(
+            &format!("redis-server to answer {}", args.join(" ")),
+            async {
+                let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+                let mut out = BytesMut::new();
+                resp::encode_command(&mut out, &args);
+                self.stream.write_all(&out).await?;
+                let mut chunk = [0; 4096];
+                loop {
+                    if let Some(frame) = self.decoder.decode(&mut self.input)? {
+                        return match frame.as_error() {
+                            Some(error) => Err(String::from_utf8_lossy(error).into()),
+                            None => Ok(frame),
+                        };
+                    }
+                    let n = self.stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        return Err("redis-server closed the admin connection".into());
+                    }
+                    self.input
+                        .extend_from_slice(chunk.get(..n).unwrap_or_default());
+                }
+            },
+        )
+        .await
+    }
+
+    async fn text(&mut self, args: &[&str]) -> Result<String> {
+        let frame = self.call(args).await?;
+        let bytes = frame.as_bytes().ok_or("a text reply")?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    /// `redis_version` from `INFO server`.
+    async fn version(&mut self) -> Result<String> {
+        let info = self.text(&["INFO", "server"]).await?;
+        Ok(info
+            .lines()
+            .find_map(|line| line.strip_prefix("redis_version:"))
+            .unwrap_or("(unknown version)")
+            .to_owned())
+    }
+
+    /// Kills the connections a session named `name` opened (`<name>-sub`
+    /// and `<name>-pub`, see `RedisOptions::client_name`); returns their ids.
+    async fn kill_connections_of(&mut self, name: &str) -> Result<Vec<String>> {
+        let names = [format!("name={name}-sub"), format!("name={name}-pub")];
+        let list = self.text(&["CLIENT", "LIST"]).await?;
+        let ids: Vec<String> = list
+            .lines()
+            .filter(|line| {
+                line.split(' ')
+                    .any(|field| names.iter().any(|n| n == field))
+            })
+            .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .map(str::to_owned)
+            .collect();
+        if ids.len() != 2 {
+            return Err(format!("{name} has {} connections, not 2: {list}", ids.len()).into());
+        }
+        for id in &ids {
+            let killed = self.call(&["CLIENT", "KILL", "ID", id]).await?;
+            if killed.as_integer() != Some(1) {
+                return Err(format!("CLIENT KILL ID {id} answered {killed:?}").into());
+            }
+        }
+        Ok(ids)
+    }
+}
+
+/// `future`, or an error after [`STEP_TIMEOUT`].
+async fn timeout<T>(what: &str, future: impl Future<Output = Result<T>>) -> Result<T> {
+    smol::future::or(future, async {
+        Timer::after(STEP_TIMEOUT).await;
+        Err(format!("gave up waiting for {what} after {STEP_TIMEOUT:?}").into())
+    })
+    .await
 }
