@@ -824,6 +824,9 @@ impl RedisSession {
                 Frame::Integer(_) => Ok(()),
                 other => Err(unexpected(expect, &other)),
             },
+            (Expect::Hello, Some(error)) if error.code == "WRONGPASS" => {
+                Err(RedisError::Auth(error))
+            }
             (Expect::Hello, Some(error)) => {
                 self.two_links = true;
                 Err(RedisError::Resp3Unsupported(error))
@@ -925,7 +928,8 @@ impl RedisSession {
         let (Some(conn), Some(now)) = (
             self.links
                 .get_mut(publisher.index())
-                .and_then(Option::as_mut),
+                .and_then(Option::as_mut)
+                .filter(|conn| !conn.failed),
             self.now,
         ) else {
             self.counters.dropped.add(kind);
@@ -961,6 +965,12 @@ impl RedisSession {
         conn.out.clear();
         conn.input.clear();
         conn.expect.clear();
+        // Not ready from now on: nothing more may be published on a link
+        // given up (it would be lost without being counted).
+        if self.ready {
+            self.ready = false;
+            self.writer.disconnected();
+        }
         if let Some(count) = self.counters.failures.get_mut(link.index()) {
             *count += 1;
         }
