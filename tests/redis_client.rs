@@ -129,6 +129,15 @@ impl Node {
         );
         let mut client = RedisClient::with_options(runtime, config, session, fast_options());
         if let Some(log) = log {
+            // A follower knows where it stands (Synapse's workers read it
+            // from the database): from the writer's first row on. Without
+            // it, a follower that subscribes late takes the first POSITION
+            // it hears as its start.
+            client
+                .session_mut()
+                .follower_mut()
+                .set_position(&StreamName::Events, &InstanceName::master(), Token(0))
+                .expect("a position to start from");
             client = client.with_catch_up(Arc::new(LogSource(log)));
         }
         Node {
@@ -212,8 +221,9 @@ async fn run_until(
             let state: Vec<String> = nodes
                 .iter()
                 .map(|node| {
+                    let session = node.client.session();
                     format!(
-                        "{}: ready {} disconnects {:?} closing {:?} rows {:?}",
+                        "{}: ready {} disconnects {:?} closing {:?} rows {:?}\n{:?}\n{:?}\n{:?}",
                         node.name,
                         node.ready,
                         node.disconnects,
@@ -221,7 +231,10 @@ async fn run_until(
                         node.rows
                             .iter()
                             .map(|(s, r)| (s, r.len()))
-                            .collect::<Vec<_>>()
+                            .collect::<Vec<_>>(),
+                        session.counters(),
+                        session.writer().counters(),
+                        session.follower().counters(),
                     )
                 })
                 .collect();
@@ -328,14 +341,13 @@ async fn pair(runtime: &Rt, server: &RedisServer, log: &Log) -> (Node, Node) {
     run_until(
         runtime,
         &mut [&mut master, &mut worker],
-        "a position",
+        "the writer followed live",
         |nodes| {
             nodes[1]
                 .client
                 .session()
                 .follower()
-                .position(&StreamName::Events, &InstanceName::master())
-                .is_some()
+                .is_writer_connected(&StreamName::Events, &InstanceName::master())
         },
     )
     .await;
@@ -833,5 +845,82 @@ fn disconnect_reasons_are_reported() {
                 .all(|d| *d <= Duration::from_secs(5))
         );
         let _ = Disconnect::Closed;
+    });
+}
+
+/// A writer and a follower meet over each way of reaching Redis: one RESP3
+/// connection per process, TLS, and a unix socket.
+async fn rows_flow(
+    runtime: &Rt,
+    master_config: RedisConfig,
+    worker_config: RedisConfig,
+    single: bool,
+) {
+    let log: Log = Log::default();
+    let tune = move |options: &mut synapse_replication::session::RedisOptions| {
+        options.single_connection = single;
+    };
+    let mut master = Node::new("master", runtime.clone(), master_config, None, tune);
+    master
+        .client
+        .session_mut()
+        .advance(&StreamName::Events, Token(0))
+        .expect("master writes events");
+    let mut worker = Node::new(
+        "worker1",
+        runtime.clone(),
+        worker_config,
+        Some(log.clone()),
+        tune,
+    );
+    run_until(
+        runtime,
+        &mut [&mut master, &mut worker],
+        "both ready",
+        |nodes| nodes.iter().all(|node| node.ready > 0),
+    )
+    .await;
+    write_rows(&mut master, &log, 1, 60);
+    run_until(
+        runtime,
+        &mut [&mut master, &mut worker],
+        "all rows",
+        |nodes| caught_up(nodes[1], &log),
+    )
+    .await;
+    assert_holds_log(&worker, &log);
+    for node in [&master, &worker] {
+        assert!(node.closing.is_empty(), "{}: {:?}", node.name, node.closing);
+        let connections = node.client.session().counters().connections;
+        if single {
+            assert_eq!(connections, [1, 0], "{}: one RESP3 connection", node.name);
+        }
+    }
+}
+
+#[test]
+fn one_resp3_connection_per_process() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            rows_flow(&runtime, config.clone(), config, true).await;
+        })
+    });
+}
+
+#[test]
+fn over_tls_and_over_a_unix_socket() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::options().tls().start();
+            let mut tls = synapse_replication::transport::TlsConfig::default();
+            tls.ca_file = Some(server.certs().ca.clone());
+            let url = format!("rediss://127.0.0.1:{}", server.tls_port());
+            let over_tls = RedisConfig::from_url(&url).expect("a URL").with_tls(tls);
+            // The writer over the unix socket, the follower over TLS.
+            let over_unix = RedisConfig::unix(server.unix_socket());
+            rows_flow(&runtime, over_unix, over_tls, false).await;
+        })
     });
 }
