@@ -1047,6 +1047,17 @@ impl Follower {
         }
     }
 
+    /// Counts a command of this follower's own that was not decoded (the
+    /// session recognised it as an echo): what `handle_command` would have
+    /// done with it.
+    pub(crate) fn note_own_echo(&mut self) {
+        if self.ctx.connected {
+            self.ctx.counters.own_echoes += 1;
+        } else {
+            self.ctx.counters.while_disconnected += 1;
+        }
+    }
+
     /// Handles one received `RDATA`.
     pub fn handle_rdata(&mut self, rdata: Rdata) {
         if !self.ctx.connected {

@@ -328,6 +328,12 @@ impl Decoder {
         // Only when no value of the pending frame has been scanned yet
         // (a first header may have been cut short: forget that).
         if self.pos == 0 && self.tokens.is_empty() {
+            // A publisher's replies: `:<subscribers>\r\n` each.
+            if let Some((value, end)) = fast_integer(buf) {
+                self.reset();
+                bytes::Buf::advance(buf, end);
+                return Ok(Some(Incoming::Frame(Frame::Integer(value))));
+            }
             if let Some(fast) = self.fast_message(buf) {
                 self.reset();
                 let frame = buf.split_to(fast.end).freeze();
@@ -343,6 +349,36 @@ impl Decoder {
             }
         }
         Ok(self.decode(buf)?.map(Incoming::from_frame))
+    }
+
+    /// The subscriber's hot path: a complete `message` at the front of
+    /// `buf` on one of `channels` is removed from the buffer, and its
+    /// channel's index and payload returned. The payload is split off the
+    /// buffer directly (one reference count increment, no [`Frame`], no
+    /// channel `Bytes`). `None` (nothing consumed) for anything else,
+    /// which [`Decoder::decode_pubsub`] then decodes.
+    pub fn decode_message_on(
+        &mut self,
+        buf: &mut BytesMut,
+        channels: &[Bytes],
+    ) -> Option<(usize, Bytes)> {
+        if self.pos != 0 || !self.tokens.is_empty() {
+            return None;
+        }
+        let fast = self.fast_message(buf)?;
+        if fast.pattern.is_some() {
+            return None;
+        }
+        let channel = buf.get(fast.channel.start..fast.channel.end)?;
+        let index = channels.iter().position(|known| known[..] == *channel)?;
+        if fast.payload.start > fast.payload.end || fast.end < fast.payload.end {
+            return None;
+        }
+        self.reset();
+        bytes::Buf::advance(buf, fast.payload.start);
+        let payload = buf.split_to(fast.payload.end - fast.payload.start).freeze();
+        bytes::Buf::advance(buf, fast.end - fast.payload.end);
+        Some((index, payload))
     }
 
     /// A complete, well-formed `message` or `pmessage` within the limits
@@ -825,6 +861,33 @@ fn parse_len(input: &[u8]) -> Result<Option<(Len, usize)>, RespError> {
     Ok(Some((len, index + 2)))
 }
 
+/// A complete `:<digits>\r\n` (at most 18 digits, optional `-`) at the
+/// front of `buf`: its value and length. Anything else takes the general
+/// path.
+#[inline]
+fn fast_integer(buf: &[u8]) -> Option<(i64, usize)> {
+    let rest = buf.strip_prefix(b":")?;
+    let (negative, digits_at) = match rest.first()? {
+        b'-' => (true, 2),
+        _ => (false, 1),
+    };
+    let mut value: i64 = 0;
+    let mut index = digits_at;
+    loop {
+        let byte = *buf.get(index)?;
+        if byte.is_ascii_digit() && index - digits_at < 18 {
+            value = value * 10 + i64::from(byte - b'0');
+            index += 1;
+        } else if byte == b'\r' && index > digits_at {
+            break;
+        } else {
+            return None;
+        }
+    }
+    (buf.get(index + 1) == Some(&b'\n'))
+        .then_some((if negative { -value } else { value }, index + 2))
+}
+
 /// A bulk string at `at` for the fast path: its payload and the offset
 /// after it, if complete, well-formed and within `max` bytes.
 fn fast_bulk(buf: &[u8], at: usize, max: usize) -> Option<(Span, usize)> {
@@ -889,6 +952,55 @@ mod tests {
 
     fn bulk(text: &str) -> Frame {
         Frame::bulk(text.to_owned())
+    }
+
+    /// The fast paths give what the general path gives, for every prefix
+    /// of the input (so, for input cut anywhere).
+    #[test]
+    fn fast_paths_agree_with_the_general_path() {
+        let input: &[u8] = b":0\r\n:-5\r\n:123456789012345678\r\n:1234567890123456789\r\n\
+            *3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$5\r\nhello\r\n\
+            *3\r\n$7\r\nmessage\r\n$5\r\nother\r\n$2\r\nhi\r\n\
+            >3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$0\r\n\r\n:7\r\n";
+        let channels = [Bytes::from_static(b"ch")];
+        let expected = decode_all(input).unwrap();
+        for cut in 0..=input.len() {
+            let mut decoder = Decoder::new();
+            let mut buf = BytesMut::from(&input[..cut]);
+            let mut seen = Vec::new();
+            let mut step = |buf: &mut BytesMut, seen: &mut Vec<Frame>| loop {
+                if let Some((index, payload)) = decoder.decode_message_on(buf, &channels) {
+                    assert_eq!(index, 0);
+                    seen.push(Frame::Array(vec![
+                        bulk("message"),
+                        Frame::BulkString(channels[0].clone()),
+                        Frame::BulkString(payload),
+                    ]));
+                    continue;
+                }
+                match decoder.decode_pubsub(buf).unwrap() {
+                    Some(Incoming::Frame(frame)) => seen.push(frame),
+                    Some(Incoming::Message(message)) => seen.push(Frame::Array(vec![
+                        bulk("message"),
+                        Frame::BulkString(message.channel),
+                        Frame::BulkString(message.payload),
+                    ])),
+                    Some(other) => panic!("{other:?}"),
+                    None => break,
+                }
+            };
+            step(&mut buf, &mut seen);
+            buf.extend_from_slice(&input[cut..]);
+            step(&mut buf, &mut seen);
+            assert!(buf.is_empty(), "cut at {cut}: {buf:?}");
+            // Pushes and arrays of a message read the same.
+            let normalise = |frame: &Frame| match frame {
+                Frame::Push(items) => Frame::Array(items.clone()),
+                other => other.clone(),
+            };
+            let expected: Vec<Frame> = expected.iter().map(normalise).collect();
+            assert_eq!(seen, expected, "cut at {cut}");
+        }
     }
 
     #[test]

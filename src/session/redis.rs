@@ -414,7 +414,10 @@ impl Link {
         Link {
             decoder: resp::Decoder::with_limits(limits),
             input: BytesMut::new(),
-            out: BytesMut::new(),
+            // Also the size of the buffers that follow each chunk taken by
+            // `poll_transmit` (BytesMut keeps the first capacity as a hint):
+            // a burst of publishes fills them without regrowing from zero.
+            out: BytesMut::with_capacity(64 << 10),
             expect: VecDeque::new(),
             handshake: 0,
             unconfirmed: 0,
@@ -538,6 +541,8 @@ pub struct RedisSession {
     events: VecDeque<RedisEvent>,
     counters: RedisCounters,
     now: Option<Instant>,
+    /// Reused to encode each published line (no allocation per publish).
+    scratch: BytesMut,
 }
 
 impl RedisSession {
@@ -559,6 +564,7 @@ impl RedisSession {
             events: VecDeque::new(),
             counters: RedisCounters::default(),
             now: None,
+            scratch: BytesMut::new(),
         }
     }
 
@@ -722,9 +728,18 @@ impl RedisSession {
         }
         conn.input.extend_from_slice(data);
         conn.last_progress = now;
-        while let Some(conn) = self.link_mut(link) {
+        while let Some(conn) = self.links.get_mut(link.index()).and_then(Option::as_mut) {
             if conn.failed {
                 break;
+            }
+            if link == RedisLink::Subscriber {
+                if let Some((index, payload)) = conn
+                    .decoder
+                    .decode_message_on(&mut conn.input, &self.channels)
+                {
+                    self.handle_payload(index, payload, now);
+                    continue;
+                }
             }
             let incoming = match conn.decoder.decode_pubsub(&mut conn.input) {
                 Ok(Some(incoming)) => incoming,
@@ -869,15 +884,31 @@ impl RedisSession {
     }
 
     fn handle_message(&mut self, channel: Bytes, payload: Bytes, now: Instant) {
-        if !self.channels.contains(&channel) {
-            self.counters.foreign_messages += 1;
-            return;
+        match self.channels.iter().position(|known| *known == channel) {
+            Some(index) => self.handle_payload(index, payload, now),
+            None => self.counters.foreign_messages += 1,
         }
+    }
+
+    /// A message on the subscribed channel `channel` (an index in
+    /// `self.channels`).
+    fn handle_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
+        // This process's own RDATA and POSITION come back from Redis; the
+        // follower ignores them: do not decode (and validate) them.
+        if !self.options.report_received {
+            if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
+                self.counters.received.add(kind);
+                self.follower.note_own_echo();
+                return;
+            }
+        }
+        let channel_bytes = |channels: &[Bytes]| channels.get(channel).cloned().unwrap_or_default();
         let command = match self.decoder.decode(payload) {
             Ok(Some(command)) => command,
             Ok(None) => return,
             Err(error) => {
                 self.counters.malformed += 1;
+                let channel = channel_bytes(&self.channels);
                 self.events
                     .push_back(RedisEvent::Malformed { channel, error });
                 return;
@@ -885,6 +916,7 @@ impl RedisSession {
         };
         self.counters.received.add(command.kind());
         if self.options.report_received {
+            let channel = channel_bytes(&self.channels);
             self.events.push_back(RedisEvent::Received {
                 channel,
                 command: command.clone(),
@@ -915,13 +947,21 @@ impl RedisSession {
     /// Appends a `PUBLISH` of `command` to the publisher's output.
     fn publish(&mut self, command: &Command) {
         let kind = command.kind();
-        let mut line = BytesMut::new();
+        let mut line = std::mem::take(&mut self.scratch);
+        line.clear();
         if command.encode(&mut line).is_err() {
             // Commands from the writer always encode; the application's
             // were encoded once already by `send`.
             self.counters.dropped.add(kind);
+            self.scratch = line;
             return;
         }
+        self.publish_line(kind, &line);
+        self.scratch = line;
+    }
+
+    /// Appends a `PUBLISH` of an encoded line to the publisher's output.
+    fn publish_line(&mut self, kind: CommandKind, line: &[u8]) {
         let suffix = kind.redis_channel_suffix();
         let publisher = self.publisher();
         let max = self.options.max_unsent_bytes;
@@ -937,13 +977,13 @@ impl RedisSession {
         };
         let prefix = self.options.prefix.as_bytes();
         match suffix {
-            None => resp::encode_publish(&mut conn.out, prefix, &line),
+            None => resp::encode_publish(&mut conn.out, prefix, line),
             Some(suffix) => {
                 let mut channel = Vec::with_capacity(prefix.len() + 1 + suffix.len());
                 channel.extend_from_slice(prefix);
                 channel.push(b'/');
                 channel.extend_from_slice(suffix.as_bytes());
-                resp::encode_publish(&mut conn.out, &channel, &line);
+                resp::encode_publish(&mut conn.out, &channel, line);
             }
         }
         conn.owe(Expect::Publish(kind), now);
@@ -1030,16 +1070,23 @@ impl RedisSession {
         ) {
             return Err(SendError::NotOverRedis(kind));
         }
-        let mut line = BytesMut::new();
-        command.encode(&mut line)?;
-        if line.len() > self.options.max_line_len {
+        let mut line = std::mem::take(&mut self.scratch);
+        line.clear();
+        let encoded = command.encode(&mut line);
+        let len = line.len();
+        let publish = encoded.is_ok() && len <= self.options.max_line_len && self.ready;
+        if publish {
+            self.publish_line(kind, &line);
+        }
+        self.scratch = line;
+        encoded?;
+        if len > self.options.max_line_len {
             return Err(SendError::LineTooLong {
-                len: line.len(),
+                len,
                 max: self.options.max_line_len,
             });
         }
-        if self.ready {
-            self.publish(&command);
+        if publish {
             return Ok(());
         }
         if self.queued.len() < self.options.max_queued_while_disconnected {
@@ -1219,6 +1266,21 @@ impl RedisSession {
         }
         (self.follower, self.writer)
     }
+}
+
+/// The kind of `line` if it is an `RDATA` or `POSITION` sent by `own`.
+fn own_echo(line: &[u8], own: &[u8]) -> Option<CommandKind> {
+    let (kind, rest) = if let Some(rest) = line.strip_prefix(b"RDATA ") {
+        (CommandKind::Rdata, rest)
+    } else if let Some(rest) = line.strip_prefix(b"POSITION ") {
+        (CommandKind::Position, rest)
+    } else {
+        return None;
+    };
+    let stream_end = rest.iter().position(|b| *b == b' ')?;
+    let rest = rest.get(stream_end + 1..)?;
+    let instance = rest.get(..own.len())?;
+    (instance == own && rest.get(own.len()) == Some(&b' ')).then_some(kind)
 }
 
 fn is_ok(frame: &Frame) -> bool {

@@ -367,15 +367,20 @@ impl<R: Runtime> RedisClient<R> {
     }
 
     /// Polls for the next event; see [`next_event`](RedisClient::next_event).
+    ///
+    /// The session's events are handed over straight from its queue (the
+    /// client's own queue only holds its own events, and the session's
+    /// that came before them), so that each event is moved once.
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisClientEvent>> {
         for _ in 0..BUDGET {
-            if let Some(event) = self.events.pop_front() {
+            if let Some(event) = self.next_queued() {
                 return Poll::Ready(Some(event));
             }
             if self.shutdown {
                 return Poll::Ready(None);
             }
             let mut progress = self.poll_commands(cx);
+            self.flush_session();
             let events = &mut self.events;
             progress |= self
                 .catch_ups
@@ -386,20 +391,30 @@ impl<R: Runtime> RedisClient<R> {
                         retry_in: failure.retry_in,
                     });
                 });
-            self.drain_session();
             let now = self.runtime.now();
             for link in RedisLink::BOTH {
                 progress |= self.poll_link(cx, link, now);
-                self.drain_session();
             }
             progress |= self.poll_timer(cx, now);
-            self.drain_session();
             if !progress && self.events.is_empty() {
+                if let Some(event) = self.next_queued() {
+                    return Poll::Ready(Some(event));
+                }
                 return Poll::Pending;
             }
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// The client's next event, else the session's.
+    fn next_queued(&mut self) -> Option<RedisClientEvent> {
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
+        }
+        let event = self.session.poll_event()?;
+        self.observe(&event);
+        Some(RedisClientEvent::Session(event))
     }
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
@@ -408,6 +423,7 @@ impl<R: Runtime> RedisClient<R> {
             progress = true;
             let kind = command.kind();
             if let Err(error) = self.session.send(command) {
+                self.flush_session();
                 self.events.push_back(RedisClientEvent::SendFailed {
                     command: kind,
                     error,
@@ -417,33 +433,40 @@ impl<R: Runtime> RedisClient<R> {
         progress
     }
 
-    fn drain_session(&mut self) {
+    /// Moves the session's events into the client's queue, before an event
+    /// of the client's own.
+    fn flush_session(&mut self) {
         while let Some(event) = self.session.poll_event() {
-            match &event {
-                RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
-                    tracing::debug!(%request, "rows missed: catching up");
-                    self.catch_ups.start(request);
-                }
-                RedisEvent::Ready => tracing::info!("replicating over Redis"),
-                RedisEvent::Malformed { error, .. } => {
-                    tracing::warn!(%error, "ignored a message that is not a command");
-                }
-                RedisEvent::PublishFailed { command, error } => {
-                    tracing::warn!(%command, %error, "Redis refused a publish");
-                }
-                RedisEvent::Closing { link, error } => {
-                    tracing::warn!(%link, %error, "closing the connection to Redis");
-                    if let Some(Slot {
-                        state: State::Connected(live),
-                        ..
-                    }) = self.slots.get_mut(slot_index(*link))
-                    {
-                        live.error = Some(error.to_string());
-                    }
-                }
-                _ => {}
-            }
+            self.observe(&event);
             self.events.push_back(RedisClientEvent::Session(event));
+        }
+    }
+
+    /// What the client does about a session event, as it hands it over.
+    fn observe(&mut self, event: &RedisEvent) {
+        match event {
+            RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
+                tracing::debug!(%request, "rows missed: catching up");
+                self.catch_ups.start(request);
+            }
+            RedisEvent::Ready => tracing::info!("replicating over Redis"),
+            RedisEvent::Malformed { error, .. } => {
+                tracing::warn!(%error, "ignored a message that is not a command");
+            }
+            RedisEvent::PublishFailed { command, error } => {
+                tracing::warn!(%command, %error, "Redis refused a publish");
+            }
+            RedisEvent::Closing { link, error } => {
+                tracing::warn!(%link, %error, "closing the connection to Redis");
+                if let Some(Slot {
+                    state: State::Connected(live),
+                    ..
+                }) = self.slots.get_mut(slot_index(*link))
+                {
+                    live.error = Some(error.to_string());
+                }
+            }
+            _ => {}
         }
     }
 
@@ -511,6 +534,7 @@ impl<R: Runtime> RedisClient<R> {
                             error: None,
                         }));
                         self.session.connect(link, now);
+                        self.flush_session();
                         self.events.push_back(RedisClientEvent::Connected { link });
                     }
                     Err(error) => {
@@ -580,7 +604,7 @@ impl<R: Runtime> RedisClient<R> {
         tracing::warn!(%link, %reason, ?retry_in, "lost the connection to Redis");
         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
         self.session.disconnected(link, now);
-        self.drain_session();
+        self.flush_session();
         self.events.push_back(RedisClientEvent::Disconnected {
             link,
             reason,
