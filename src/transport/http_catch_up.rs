@@ -8,6 +8,7 @@
 //! smol and tokio alike. The connection task is polled alongside the
 //! request, and each page uses a fresh connection.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::{Future, poll_fn};
@@ -16,7 +17,7 @@ use std::io;
 use std::path::Path;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 
@@ -32,6 +33,7 @@ use crate::positions::{CatchUpPage, CatchUpPageError, CatchUpRequest};
 use crate::wire::{InstanceName, StreamName, Token, snippet};
 use crate::writers::{InstanceLocation, StreamWriters};
 
+use super::redis_config::{RedisConfig, TlsConfig};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::{BoxError, CatchUpSource};
 
@@ -69,9 +71,9 @@ type Locate = dyn Fn(&InstanceName) -> Option<InstanceLocation> + Send + Sync;
 /// [`HttpCatchUpError`]; the driver retries with backoff. The secret never
 /// appears in errors, logs or `Debug` output.
 ///
-/// Plain HTTP, over TCP (`{host, port}`) or a unix socket (`{path}`,
-/// through [`Runtime::connect_unix`]); entries with `tls: true` give
-/// [`HttpCatchUpError::UnsupportedLocation`].
+/// HTTP over TCP (`{host, port}`) or a unix socket (`{path}`, through
+/// [`Runtime::connect_unix`]), and HTTPS for entries with `tls: true`
+/// (feature `tls`; see [`HttpCatchUp::with_tls`]).
 ///
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
@@ -101,8 +103,40 @@ type Locate = dyn Fn(&InstanceName) -> Option<InstanceLocation> + Send + Sync;
 /// ```
 pub struct HttpCatchUp<R: Runtime> {
     shared: Arc<Shared<R>>,
+    https: Arc<Https>,
     timeout: Duration,
     max_body: usize,
+}
+
+/// How `https` writers are reached: the TLS settings, and a connection
+/// configuration per writer address, so that certificates are loaded once.
+#[derive(Default)]
+struct Https {
+    tls: TlsConfig,
+    configs: Mutex<HashMap<(String, u16), RedisConfig>>,
+}
+
+impl Https {
+    /// A TLS connection to `host:port`, through the same connector as
+    /// Redis' (`rediss://`): the `tls` feature, rustls, always verified.
+    fn connect(
+        &self,
+        runtime: &dyn Runtime,
+        host: &str,
+        port: u16,
+    ) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        let config = {
+            let mut configs = self
+                .configs
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            configs
+                .entry((host.to_owned(), port))
+                .or_insert_with(|| RedisConfig::tcp(host, port).with_tls(self.tls.clone()))
+                .clone()
+        };
+        config.connect(runtime)
+    }
 }
 
 struct Shared<R> {
@@ -147,9 +181,24 @@ impl<R: Runtime> HttpCatchUp<R> {
                 locate: Box::new(locate),
                 authorization,
             }),
+            https: Arc::default(),
             timeout: DEFAULT_TIMEOUT,
             max_body: DEFAULT_MAX_BODY,
         }
+    }
+
+    /// How writers whose `instance_map` entry says `tls: true` are reached:
+    /// the CA to trust (`ca_file`, `ca_path`; the system's roots when
+    /// neither is set), a client certificate, a server name. HTTPS needs
+    /// the `tls` feature; without it such a fetch fails with a
+    /// [`HttpCatchUpError::Connect`] that says so. Certificates are always
+    /// verified.
+    pub fn with_tls(mut self, tls: TlsConfig) -> HttpCatchUp<R> {
+        self.https = Arc::new(Https {
+            tls,
+            configs: Mutex::default(),
+        });
+        self
     }
 
     /// How long one page may take, from connecting to the last byte of the
@@ -172,6 +221,7 @@ impl<R: Runtime> Clone for HttpCatchUp<R> {
     fn clone(&self) -> Self {
         HttpCatchUp {
             shared: Arc::clone(&self.shared),
+            https: Arc::clone(&self.https),
             timeout: self.timeout,
             max_body: self.max_body,
         }
@@ -195,6 +245,7 @@ impl<R: Runtime> fmt::Debug for HttpCatchUp<R> {
 impl<R: Runtime> CatchUpSource for HttpCatchUp<R> {
     fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
         let shared = Arc::clone(&self.shared);
+        let https = Arc::clone(&self.https);
         let (timeout, max_body) = (self.timeout, self.max_body);
         Box::pin(async move {
             let deadline = shared.runtime.now().checked_add(timeout);
@@ -202,7 +253,7 @@ impl<R: Runtime> CatchUpSource for HttpCatchUp<R> {
                 Some(deadline) => shared.runtime.sleep_until(deadline),
                 None => Box::pin(future::pending()),
             };
-            let exchange = pin!(shared.exchange(&request, max_body));
+            let exchange = pin!(shared.exchange(&request, &https, max_body));
             let result = match future::select(exchange, sleep).await {
                 Either::Left((result, _)) => result,
                 Either::Right(((), _)) => Err(HttpCatchUpError::Timeout {
@@ -240,6 +291,7 @@ impl<R: Runtime> Shared<R> {
     async fn exchange(
         &self,
         request: &CatchUpRequest,
+        https: &Https,
         max_body: usize,
     ) -> Result<CatchUpPage, HttpCatchUpError> {
         let fail = Failure::new(request);
@@ -271,8 +323,17 @@ impl<R: Runtime> Shared<R> {
                 // HTTP/1.1 wants a Host; Synapse does not read it.
                 String::from("localhost"),
             ),
-            InstanceLocation::Tcp { tls: true, .. } => {
-                return Err(fail.unsupported(location.scheme()));
+            InstanceLocation::Tcp {
+                host,
+                port,
+                tls: true,
+            } => {
+                let authority = authority(host, *port);
+                (
+                    https.connect(&self.runtime, host, *port),
+                    authority.clone(),
+                    authority,
+                )
             }
         };
         let authorization = match &self.authorization {
@@ -465,19 +526,6 @@ pub enum HttpCatchUpError {
         /// The writer.
         writer: InstanceName,
     },
-    /// The writer listens with TLS (`https`), which this source does not
-    /// speak.
-    #[error(
-        "catch-up of {stream} from {writer}: its instance_map entry is {scheme}, only http is supported"
-    )]
-    UnsupportedLocation {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// `https`.
-        scheme: &'static str,
-    },
     /// The secret cannot be sent in a header (it must be visible ASCII, as
     /// Synapse requires).
     #[error(
@@ -606,15 +654,6 @@ impl<'a> Failure<'a> {
     fn unknown_writer(&self) -> HttpCatchUpError {
         let (stream, writer) = self.names();
         HttpCatchUpError::UnknownWriter { stream, writer }
-    }
-
-    fn unsupported(&self, scheme: &'static str) -> HttpCatchUpError {
-        let (stream, writer) = self.names();
-        HttpCatchUpError::UnsupportedLocation {
-            stream,
-            writer,
-            scheme,
-        }
     }
 
     fn invalid_secret(&self) -> HttpCatchUpError {
@@ -855,7 +894,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_unsupported_writers_are_errors() {
+    fn unknown_writers_are_errors_and_https_is_tls() {
         let writers = StreamWriters::from_json(
             r#"{"instance_map": {
                 "tls": {"host": "h", "port": 1, "tls": true},
@@ -869,20 +908,12 @@ mod tests {
             fetch(&source, request("nobody", 1, 2)),
             HttpCatchUpError::UnknownWriter { ref writer, .. } if writer.as_str() == "nobody"
         ));
+        // An https entry goes through the TLS connector: here the offline
+        // runtime refuses the TCP connection under it.
         let error = fetch(&source, request("tls", 1, 2));
         assert!(
-            matches!(
-                error,
-                HttpCatchUpError::UnsupportedLocation {
-                    scheme: "https",
-                    ..
-                }
-            ),
+            matches!(&error, HttpCatchUpError::Connect { address, .. } if address == "h:1"),
             "{error}"
-        );
-        assert_eq!(
-            error.to_string(),
-            "catch-up of typing from tls: its instance_map entry is https, only http is supported"
         );
         let error = fetch(&source, request("sock", 1, 2));
         assert!(
