@@ -244,7 +244,7 @@ fn note(event: RedisClientEvent, record: &mut Record) {
                     stream: stream.as_str().to_owned(),
                     writer: writer.as_str().to_owned(),
                     token: token.get(),
-                    rows,
+                    rows: rows.into_vec(),
                     source,
                 };
                 decode_batch(record, &batch);

@@ -59,7 +59,8 @@ mod writer;
 
 pub use catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest};
 pub use follower::{
-    Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, SeedError,
+    Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, Rows,
+    SeedError,
 };
 pub use writer::{RateLimit, WriteError, Writer, WriterConfig, WriterCounters};
 

@@ -61,7 +61,7 @@
 //! let mut delivered = Vec::new();
 //! while let Some(event) = client.poll_event() {
 //!     if let ClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
-//!         delivered.push((stream, token, rows));
+//!         delivered.push((stream, token, rows.into_vec()));
 //!     }
 //! }
 //! assert_eq!(delivered, vec![(StreamName::Typing, Token(1), vec![row])]);
