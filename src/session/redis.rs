@@ -708,7 +708,7 @@ impl RedisSession {
             self.publish(&Command::Replicate);
         }
         self.writer.connected(now);
-        self.events.push_back(RedisEvent::Ready);
+        self.push_event(RedisEvent::Ready);
         self.drain_writer();
         while let Some(command) = self.queued.pop_front() {
             self.publish(&command);
@@ -787,7 +787,6 @@ impl RedisSession {
                     conn.unconfirmed = conn.unconfirmed.saturating_sub(1);
                     if conn.unconfirmed == 0 {
                         self.follower.connected();
-                        self.drain_follower();
                         self.replicate_owed = true;
                     }
                 }
@@ -831,8 +830,7 @@ impl RedisSession {
         match (expect, error) {
             (Expect::Publish(command), Some(error)) => {
                 self.counters.publish_errors += 1;
-                self.events
-                    .push_back(RedisEvent::PublishFailed { command, error });
+                self.push_event(RedisEvent::PublishFailed { command, error });
                 Ok(())
             }
             (Expect::Publish(_), None) => match frame {
@@ -909,27 +907,35 @@ impl RedisSession {
             Err(error) => {
                 self.counters.malformed += 1;
                 let channel = channel_bytes(&self.channels);
-                self.events
-                    .push_back(RedisEvent::Malformed { channel, error });
+                self.push_event(RedisEvent::Malformed { channel, error });
                 return;
             }
         };
         self.counters.received.add(command.kind());
         if self.options.report_received {
             let channel = channel_bytes(&self.channels);
-            self.events.push_back(RedisEvent::Received {
+            self.push_event(RedisEvent::Received {
                 channel,
                 command: command.clone(),
             });
         }
         match command {
             command @ (Command::Rdata(_) | Command::Position(_)) => {
-                self.follower.handle_command(command);
-                self.drain_follower();
+                self.follower.handle_command(command)
             }
             Command::Replicate => self.writer.handle_replicate(now),
-            command => self.events.push_back(RedisEvent::Command(command)),
+            command => self.push_event(RedisEvent::Command(command)),
         }
+    }
+
+    /// Queues an event of the session's own. The follower's events stay
+    /// in the follower's queue until then (`poll_event` takes them from
+    /// there when the session has none), which spares the common case, a
+    /// run of rows, a move through a second queue; any the follower holds
+    /// are older than this event, so they go first.
+    fn push_event(&mut self, event: RedisEvent) {
+        self.drain_follower();
+        self.events.push_back(event);
     }
 
     fn drain_follower(&mut self) {
@@ -1015,7 +1021,7 @@ impl RedisSession {
             *count += 1;
         }
         *self.counters.closes.entry(error.reason()).or_default() += 1;
-        self.events.push_back(RedisEvent::Closing { link, error });
+        self.push_event(RedisEvent::Closing { link, error });
     }
 
     /// Handles the timers due at `now`: `PING`s, and giving up links that
@@ -1133,17 +1139,13 @@ impl RedisSession {
         id: CatchUpId,
         page: CatchUpPage,
     ) -> Result<(), CatchUpError> {
-        let result = self.follower.handle_catch_up(id, page);
-        self.drain_follower();
-        result
+        self.follower.handle_catch_up(id, page)
     }
 
     /// Catch-up `id` could not be fetched: it is asked again with a new id
     /// (see [`Follower::catch_up_failed`]); drain events after.
     pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
-        let result = self.follower.catch_up_failed(id);
-        self.drain_follower();
-        result
+        self.follower.catch_up_failed(id)
     }
 
     /// The next event, or `None`. Drain after every input.
@@ -1264,6 +1266,8 @@ impl RedisSession {
                 self.disconnected(link, now);
             }
         }
+        // Events the application never took belong to this session.
+        while self.follower.poll_event().is_some() {}
         (self.follower, self.writer)
     }
 }
