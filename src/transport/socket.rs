@@ -3,11 +3,14 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures::io::{AsyncRead, AsyncWrite};
+use futures::task::{ArcWake, AtomicWaker, waker_ref};
 
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 
@@ -59,6 +62,26 @@ pub(super) struct Link {
     io: BoxConnection,
     out: Option<(Bytes, usize)>,
     unflushed: bool,
+    readable: Arc<Readiness>,
+}
+
+/// The waker a socket's reads register: it records that the socket asked
+/// to be read before waking the task. A driver polls all its sockets each
+/// time its task wakes; without this, every wake-up of a busy subscriber
+/// would cost a read (a system call that finds nothing) on each idle
+/// socket beside it.
+struct Readiness {
+    /// Set when the socket woke us, and after each read that found data
+    /// (there may be more: read until the socket says to wait).
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl ArcWake for Readiness {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.woken.store(true, Ordering::Release);
+        arc_self.task.wake();
+    }
 }
 
 /// What writing achieved.
@@ -74,6 +97,10 @@ impl Link {
             io,
             out: None,
             unflushed: false,
+            readable: Arc::new(Readiness {
+                woken: AtomicBool::new(true),
+                task: AtomicWaker::new(),
+            }),
         }
     }
 
@@ -149,21 +176,167 @@ impl Link {
     }
 
     /// Reads once into `buffer`: the number of bytes read, 0 at the end of
-    /// the stream, or `Pending`.
+    /// the stream, or `Pending`. Only tries when the socket may have
+    /// something: it last gave data, or woke the task since it said to
+    /// wait (see [`Readiness`]).
     pub(super) fn poll_read_into(
         &mut self,
         cx: &mut Context<'_>,
         buffer: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        // Registered before the flag is looked at, so a wake between the
+        // two still reaches the task.
+        self.readable.task.register(cx.waker());
+        if !self.readable.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        let waker = waker_ref(&self.readable);
+        let mut socket_cx = Context::from_waker(&waker);
         loop {
-            return match Pin::new(&mut self.io).poll_read(cx, buffer) {
+            return match Pin::new(&mut self.io).poll_read(&mut socket_cx, buffer) {
                 Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => continue,
-                other => other,
+                Poll::Ready(result) => {
+                    self.readable.woken.store(true, Ordering::Release);
+                    Poll::Ready(result)
+                }
+                Poll::Pending => Poll::Pending,
             };
         }
     }
 
     pub(super) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::task::Waker;
+
+    use futures::task::{ArcWake, waker};
+
+    use super::*;
+
+    /// A socket that has data only when the test says so, and counts how
+    /// often it was asked.
+    #[derive(Clone, Default)]
+    struct Scripted(Arc<Mutex<ScriptedState>>);
+
+    #[derive(Default)]
+    struct ScriptedState {
+        data: Vec<u8>,
+        reads: usize,
+        waker: Option<Waker>,
+    }
+
+    impl Scripted {
+        fn arrive(&self, bytes: &[u8]) {
+            let mut state = self.0.lock().expect("state");
+            state.data.extend_from_slice(bytes);
+            if let Some(waker) = state.waker.take() {
+                waker.wake();
+            }
+        }
+
+        fn reads(&self) -> usize {
+            self.0.lock().expect("state").reads
+        }
+    }
+
+    impl AsyncRead for Scripted {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut [u8],
+        ) -> Poll<io::Result<usize>> {
+            let mut state = self.0.lock().expect("state");
+            state.reads += 1;
+            if state.data.is_empty() {
+                state.waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let n = buf.len().min(state.data.len());
+            buf[..n].copy_from_slice(&state.data[..n]);
+            state.data.drain(..n);
+            Poll::Ready(Ok(n))
+        }
+    }
+
+    impl AsyncWrite for Scripted {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The task's waker: counts wake-ups.
+    #[derive(Default)]
+    struct Task(Mutex<usize>);
+
+    impl ArcWake for Task {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            *arc_self.0.lock().expect("task") += 1;
+        }
+    }
+
+    #[test]
+    fn an_idle_socket_is_read_again_only_once_it_wakes_the_task() {
+        let socket = Scripted::default();
+        let mut link = Link::new(Box::new(socket.clone()));
+        let task = Arc::new(Task::default());
+        let task_waker = waker(task.clone());
+        let mut cx = Context::from_waker(&task_waker);
+        let mut buffer = [0u8; 4];
+
+        // Never read yet: tried, nothing there.
+        assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
+        assert_eq!(socket.reads(), 1);
+        // The task woke for something else: the socket is left alone.
+        for _ in 0..3 {
+            assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
+        }
+        assert_eq!(socket.reads(), 1);
+
+        // Data arrives: the socket wakes the task, and is read.
+        socket.arrive(b"abcdef");
+        assert_eq!(*task.0.lock().expect("task"), 1);
+        assert!(matches!(
+            link.poll_read_into(&mut cx, &mut buffer),
+            Poll::Ready(Ok(4))
+        ));
+        assert_eq!(&buffer, b"abcd");
+        // After data, read again until the socket says to wait.
+        assert!(matches!(
+            link.poll_read_into(&mut cx, &mut buffer),
+            Poll::Ready(Ok(2))
+        ));
+        assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
+        assert_eq!(socket.reads(), 4);
+        assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
+        assert_eq!(socket.reads(), 4);
+
+        // A wake-up with nothing behind it costs one read.
+        socket
+            .0
+            .lock()
+            .expect("state")
+            .waker
+            .take()
+            .expect("registered")
+            .wake();
+        assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
+        assert_eq!(socket.reads(), 5);
     }
 }
