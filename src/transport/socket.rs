@@ -154,7 +154,7 @@ impl Link {
     }
 
     /// Reads once into `buffer`: `Some(bytes)`, `None` at the end of the
-    /// stream, or `Pending`.
+    /// stream, or `Pending` (as [`Link::poll_read_into`]).
     pub(super) fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
@@ -164,14 +164,11 @@ impl Link {
         if buffer.len() < size {
             buffer.resize(size, 0);
         }
-        loop {
-            return match Pin::new(&mut self.io).poll_read(cx, &mut buffer[..]) {
-                Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
-                Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(buffer.split_to(n).freeze()))),
-                Poll::Ready(Err(error)) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-                Poll::Pending => Poll::Pending,
-            };
+        match self.poll_read_into(cx, &mut buffer[..]) {
+            Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
+            Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(buffer.split_to(n).freeze()))),
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => Poll::Pending,
         }
     }
 
