@@ -14,7 +14,8 @@
 #     REPS=5 COUNT=200000 benches/e2e.sh
 #
 # Environment: REPS (3), COUNT (500000), BACKLOG (150000; 0 skips the
-# backlog runs), PORT (first free port from 16400),
+# backlog runs), SOLO (1; 0 skips the solo runs), RUNTIME (smol or tokio: the drain's; smol), PORT (first
+# free port from 16400),
 # CHANNEL (e2e.example.com), WRITER=0 skips the writer-side runs, KEEP=1
 # keeps the work directory (logs, per-process outputs), E2E_BIN=DIR uses
 # drain, bare_drain and flood from DIR instead of building them (to compare
@@ -25,13 +26,20 @@
 #   redis-cli   `redis-cli SUBSCRIBE` (hiredis), its output counted by
 #               `bare_drain --redis-cli` (CPU and RSS are redis-cli's own);
 #   drain       examples/drain.rs: RedisClient + RedisSession, the crate's
-#               whole receive path (read, RESP, command decode, follower);
+#               whole receive path (read, RESP, command decode, follower),
+#               on RUNTIME (smol, or a current-thread tokio runtime);
 #   bare        examples/bare_drain.rs: a std TcpStream and a minimal RESP
 #               counter, no decoding (the floor).
 # - burst runs (REPS): `flood --via bare` publishes COUNT messages of the mix
 #   (plus its 10-line preamble) pipelined at full speed while they read,
 #   then the sentinel line: who keeps up, who is cut, what it costs. A
 #   subscriber that keeps up reads at the publisher's rate.
+# - solo runs (REPS times each; SOLO=0 skips them): the same burst with one
+#   subscriber at a time, as in issue #8's own table (redis-server, the
+#   publisher and one subscriber sharing the cores): with nobody else to
+#   fan out to, Redis and the publisher run faster, and a subscriber that
+#   cannot keep up falls behind and is cut. Ratios are taken between the
+#   three solo runs of one repetition.
 # - backlog runs (REPS): the three are stopped (SIGSTOP) while BACKLOG
 #   messages (about 28 MB each, under the 32 MiB cut) are published, then
 #   continued together (SIGCONT): each reads as fast as it can, whatever the
@@ -64,6 +72,12 @@ COUNT=${COUNT:-500000}
 BACKLOG=${BACKLOG:-150000}
 CHANNEL=${CHANNEL:-e2e.example.com}
 WRITER=${WRITER:-1}
+SOLO=${SOLO:-1}
+RUNTIME=${RUNTIME:-smol}
+case $RUNTIME in
+    smol | tokio) ;;
+    *) echo "e2e.sh: RUNTIME must be smol or tokio" >&2; exit 2 ;;
+esac
 SENTINEL="PING drain-sentinel-$$"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e.XXXXXX")
@@ -106,7 +120,7 @@ fi
 
 echo "== e2e: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, load average $(loadavg)"
 echo "   $(uname -srm); $(redis-server --version | cut -d' ' -f1-3); $(rustc --version)"
-echo "   $REPS repetitions of $COUNT messages; redis-server on 127.0.0.1:$PORT"
+echo "   $REPS repetitions of $COUNT messages; redis-server on 127.0.0.1:$PORT; drain on $RUNTIME"
 
 if [ -n "${E2E_BIN:-}" ]; then
     BIN=$E2E_BIN
@@ -217,61 +231,72 @@ record() {
     }' >>"$results"
 }
 
-# One drain run: `drain_run REP burst|backlog`. A burst: the subscribers
-# read while COUNT messages are published. A backlog: they are stopped
-# (SIGSTOP) while BACKLOG messages are published, then continued (SIGCONT)
-# together, so that each reads as fast as it can, whatever the publisher's
-# speed.
+# One drain run: `drain_run REP burst|backlog|solo SUBSCRIBER...` with
+# some of redis-cli, drain and bare. A burst: the subscribers read while
+# COUNT messages are published. A backlog: they are stopped (SIGSTOP) while
+# BACKLOG messages are published, then continued (SIGCONT) together, so
+# that each reads as fast as it can, whatever the publisher's speed. Solo:
+# a burst with one subscriber.
 drain_run() {
-    local rep=$1 mode=$2 dir=$WORK/$2$1 count=$COUNT
+    local rep=$1 mode=$2 count=$COUNT
+    shift 2
+    local dir=$WORK/$mode$rep${1:+-$1}
     [ "$mode" = backlog ] && count=$BACKLOG
+    [ "$mode" != solo ] && dir=$WORK/$mode$rep
     mkdir -p "$dir"
-    echo "-- $mode run $rep ($count messages): load average $(loadavg)"
-    # The crate's drain first: its REPLICATE (sent once subscribed) must
-    # reach no other subscriber.
-    $TIME -f "%U %S %M %e" -o "$dir/drain.time" \
-        "$BIN/drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
-        >"$dir/drain.out" 2>"$dir/drain.err" &
-    local drain=$!
-    for _ in $(seq 200); do
-        grep -q "ready" "$dir/drain.err" 2>/dev/null && break
-        sleep 0.05
-    done
-    grep -q "ready" "$dir/drain.err" || { cat "$dir/drain.err" >&2; return 1; }
-    sleep 0.2
-    mkfifo "$dir/cli.fifo"
-    $TIME -f "%U %S %M %e" -o "$dir/cli.time" \
-        redis-cli -p "$PORT" SUBSCRIBE "$CHANNEL" "$CHANNEL/USER_IP" >"$dir/cli.fifo" \
-        2>"$dir/cli.stderr" &
-    local cli=$!
-    "$BIN/bare_drain" --redis-cli --sentinel "$SENTINEL" <"$dir/cli.fifo" \
-        >"$dir/cli.out" 2>"$dir/cli.err" &
-    local counter=$!
-    $TIME -f "%U %S %M %e" -o "$dir/bare.time" \
-        "$BIN/bare_drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
-        >"$dir/bare.out" 2>"$dir/bare.err" &
-    local bare=$!
-    wait_subscribers 3
+    echo "-- $mode run $rep ($count messages; $*): load average $(loadavg)"
+    local want=" $* " drain="" cli="" counter="" bare="" programs=""
+    if [[ $want == *" drain "* ]]; then
+        # The crate's drain first: its REPLICATE (sent once subscribed)
+        # must reach no other subscriber.
+        $TIME -f "%U %S %M %e" -o "$dir/drain.time" \
+            "$BIN/drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
+            --runtime "$RUNTIME" >"$dir/drain.out" 2>"$dir/drain.err" &
+        drain=$!
+        for _ in $(seq 200); do
+            grep -q "ready" "$dir/drain.err" 2>/dev/null && break
+            sleep 0.05
+        done
+        grep -q "ready" "$dir/drain.err" || { cat "$dir/drain.err" >&2; return 1; }
+        sleep 0.2
+    fi
+    if [[ $want == *" redis-cli "* ]]; then
+        mkfifo "$dir/cli.fifo"
+        $TIME -f "%U %S %M %e" -o "$dir/cli.time" \
+            redis-cli -p "$PORT" SUBSCRIBE "$CHANNEL" "$CHANNEL/USER_IP" >"$dir/cli.fifo" \
+            2>"$dir/cli.stderr" &
+        cli=$!
+        "$BIN/bare_drain" --redis-cli --sentinel "$SENTINEL" <"$dir/cli.fifo" \
+            >"$dir/cli.out" 2>"$dir/cli.err" &
+        counter=$!
+    fi
+    if [[ $want == *" bare "* ]]; then
+        $TIME -f "%U %S %M %e" -o "$dir/bare.time" \
+            "$BIN/bare_drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
+            >"$dir/bare.out" 2>"$dir/bare.err" &
+        bare=$!
+    fi
+    wait_subscribers $#
     local cut_before cpu_before cpu_after
     cut_before=$(grep -c "output buffer limits" "$WORK/redis.log" || true)
     cpu_before=$(redis_cpu)
     sample_clients "$dir/clients.txt" "$dir/done" &
     local sampler=$!
     # The programs themselves (children of GNU time), by pid.
-    local programs
-    programs="$(pgrep -P "$drain") $(pgrep -P "$cli") $(pgrep -P "$bare")"
+    local pid
+    for pid in $drain $cli $bare; do programs="$programs $(pgrep -P "$pid")"; done
     # shellcheck disable=SC2086
     [ "$mode" = backlog ] && kill -STOP $programs
     "$BIN/flood" --port "$PORT" --channel "$CHANNEL" --count "$count" \
         --sentinel "$SENTINEL" --via bare >"$dir/flood.out" 2>"$dir/flood.err" || true
     # shellcheck disable=SC2086
     [ "$mode" = backlog ] && kill -CONT $programs
-    wait_for "$drain" 60
-    wait_for "$bare" 60
-    wait_for "$counter" 60
-    # redis-cli never stops by itself: end it (GNU time still reports it).
-    pkill -TERM -P "$cli" 2>/dev/null || true
-    wait_for "$cli" 10
+    for pid in $drain $bare $counter; do wait_for "$pid" 60; done
+    if [ -n "$cli" ]; then
+        # redis-cli never stops by itself: end it (GNU time still reports it).
+        pkill -TERM -P "$cli" 2>/dev/null || true
+        wait_for "$cli" 10
+    fi
     touch "$dir/done"
     wait "$sampler" 2>/dev/null || true
     cpu_after=$(redis_cpu)
@@ -282,12 +307,13 @@ drain_run() {
     echo "   redis-server CPU $(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.2f", b - a }') s; clients cut by Redis (output buffer limit): $cut$(
         [ -s "$dir/cli.stderr" ] && echo "; redis-cli said: $(head -1 "$dir/cli.stderr")")"
     local results=$WORK/$mode.txt
-    record "$results" "$rep" redis-cli "${published:-0}" "$dir/cli.err" "$dir/cli.time" \
-        "$(peak_omem "$dir/clients.txt" redis-cli)"
-    record "$results" "$rep" drain "${published:-0}" "$dir/drain.err" "$dir/drain.time" \
-        "$(peak_omem "$dir/clients.txt" drain-sub)" own
-    record "$results" "$rep" bare "${published:-0}" "$dir/bare.err" "$dir/bare.time" \
-        "$(peak_omem "$dir/clients.txt" bare_drain)" own
+    [ -n "$cli" ] && record "$results" "$rep" redis-cli "${published:-0}" "$dir/cli.err" \
+        "$dir/cli.time" "$(peak_omem "$dir/clients.txt" redis-cli)"
+    [ -n "$drain" ] && record "$results" "$rep" drain "${published:-0}" "$dir/drain.err" \
+        "$dir/drain.time" "$(peak_omem "$dir/clients.txt" drain-sub)" own
+    [ -n "$bare" ] && record "$results" "$rep" bare "${published:-0}" "$dir/bare.err" \
+        "$dir/bare.time" "$(peak_omem "$dir/clients.txt" bare_drain)" own
+    return 0
 }
 
 WRITES=$WORK/writes.txt
@@ -322,11 +348,24 @@ writer_run() {
 }
 
 for rep in $(seq "$REPS"); do
-    drain_run "$rep" burst
+    drain_run "$rep" burst redis-cli drain bare
 done
+if [ "$SOLO" = 1 ]; then
+    for rep in $(seq "$REPS"); do
+        # A different one first each time, so a drift in load hits all.
+        case $((rep % 3)) in
+            1) order="drain redis-cli bare" ;;
+            2) order="redis-cli bare drain" ;;
+            0) order="bare drain redis-cli" ;;
+        esac
+        for who in $order; do
+            drain_run "$rep" solo "$who"
+        done
+    done
+fi
 if [ "$BACKLOG" -gt 0 ]; then
     for rep in $(seq "$REPS"); do
-        drain_run "$rep" backlog
+        drain_run "$rep" backlog redis-cli drain bare
     done
 fi
 if [ "$WRITER" = 1 ]; then
@@ -387,6 +426,9 @@ ratio() {
 }
 
 summary "$WORK/burst.txt" "burst ($COUNT messages, subscribers reading as they come)"
+if [ "$SOLO" = 1 ]; then
+    summary "$WORK/solo.txt" "solo bursts ($COUNT messages, one subscriber at a time)"
+fi
 if [ "$BACKLOG" -gt 0 ]; then
     summary "$WORK/backlog.txt" "backlog ($BACKLOG messages queued, then read at full speed)"
 fi

@@ -5,10 +5,11 @@
 //! ```text
 //! cargo run --release --example drain -- --port 6390 \
 //!     [--channel e2e.example.com] [--sentinel "PING drain-sentinel"] \
-//!     [--exact] [--read-buffer BYTES]
+//!     [--exact] [--read-buffer BYTES] [--runtime smol|tokio]
 //! ```
 //!
-//! A `RedisClient` (smol) on 127.0.0.1 with a `RedisSession` whose prefix
+//! A `RedisClient` (on smol, or with `--runtime tokio` on a current-thread
+//! tokio runtime) on 127.0.0.1 with a `RedisSession` whose prefix
 //! is `--channel` (subscribing to it and to `<channel>/USER_IP`, as the
 //! process that records client IPs does), a `Follower` and a `Writer`
 //! named `drain` (registry: Synapse's defaults, with Redis). Every message
@@ -52,17 +53,21 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 #[derive(Debug)]
-#[cfg_attr(not(feature = "runtime-smol"), allow(dead_code))]
+#[cfg_attr(
+    not(all(feature = "runtime-smol", feature = "runtime-tokio")),
+    allow(dead_code)
+)]
 struct Args {
     port: u16,
     channel: String,
     sentinel: String,
     exact: bool,
     read_buffer: Option<usize>,
+    tokio: bool,
 }
 
 const USAGE: &str = "usage: drain --port PORT [--channel NAME] [--sentinel LINE] [--exact] \
-                     [--read-buffer BYTES]";
+                     [--read-buffer BYTES] [--runtime smol|tokio]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut port = None;
@@ -72,6 +77,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         sentinel: "PING drain-sentinel".to_owned(),
         exact: false,
         read_buffer: None,
+        tokio: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -92,6 +98,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                         .parse()
                         .map_err(|e| format!("--read-buffer: {e}"))?,
                 )
+            }
+            "--runtime" => {
+                parsed.tokio = match value("--runtime")?.as_str() {
+                    "smol" => false,
+                    "tokio" => true,
+                    other => return Err(format!("--runtime: {other:?} is not smol or tokio")),
+                }
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -148,15 +161,17 @@ impl Tally {
     }
 }
 
-#[cfg(not(feature = "runtime-smol"))]
+#[cfg(not(all(feature = "runtime-smol", feature = "runtime-tokio")))]
 fn run(_args: &Args) -> ExitCode {
-    eprintln!("drain: built without smol: run with `--features runtime-smol`");
+    eprintln!(
+        "drain: built without smol and tokio: run with `--features runtime-smol,runtime-tokio`"
+    );
     ExitCode::from(2)
 }
 
 /// The sentinel as the command the session will hand over, if it is one
 /// whose decoding keeps its bytes (see the module's documentation).
-#[cfg(feature = "runtime-smol")]
+#[cfg(all(feature = "runtime-smol", feature = "runtime-tokio"))]
 fn sentinel_command(line: &str) -> Result<synapse_replication::wire::Command, String> {
     use synapse_replication::wire::Command;
 
@@ -184,15 +199,14 @@ fn sentinel_command(line: &str) -> Result<synapse_replication::wire::Command, St
     Ok(command)
 }
 
-#[cfg(feature = "runtime-smol")]
+#[cfg(all(feature = "runtime-smol", feature = "runtime-tokio"))]
 fn run(args: &Args) -> ExitCode {
     use std::sync::Arc;
-    use std::time::Instant;
 
-    use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, Writer};
-    use synapse_replication::session::{RedisEvent, RedisLink, RedisSession};
+    use synapse_replication::positions::{Follower, Writer};
+    use synapse_replication::session::RedisSession;
     use synapse_replication::transport::{
-        RedisClient, RedisClientEvent, RedisClientOptions, RedisConfig, SmolRuntime,
+        RedisClient, RedisClientOptions, RedisConfig, SmolRuntime, TokioRuntime,
     };
     use synapse_replication::wire::InstanceName;
     use synapse_replication::writers::StreamWriters;
@@ -220,7 +234,39 @@ fn run(args: &Args) -> ExitCode {
     if let Some(size) = args.read_buffer {
         client_options.read_buffer = size;
     }
-    let mut client = RedisClient::with_options(SmolRuntime, config, session, client_options);
+    let tally = if args.tokio {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                eprintln!("drain: cannot start tokio: {error}");
+                return ExitCode::from(2);
+            }
+        };
+        let handle = TokioRuntime::new(runtime.handle().clone());
+        let mut client = RedisClient::with_options(handle, config, session, client_options);
+        runtime.block_on(follow(&mut client, args, &sentinel))
+    } else {
+        let mut client = RedisClient::with_options(SmolRuntime, config, session, client_options);
+        smol::block_on(follow(&mut client, args, &sentinel))
+    };
+    tally.finish()
+}
+
+/// Counts messages until the sentinel (or the subscriber is lost).
+#[cfg(all(feature = "runtime-smol", feature = "runtime-tokio"))]
+async fn follow<R: synapse_replication::transport::Runtime>(
+    client: &mut synapse_replication::transport::RedisClient<R>,
+    args: &Args,
+    sentinel: &synapse_replication::wire::Command,
+) -> Tally {
+    use std::time::Instant;
+
+    use synapse_replication::positions::{CatchUpPage, FollowerEvent};
+    use synapse_replication::session::{RedisEvent, RedisLink, RedisSession};
+    use synapse_replication::transport::RedisClientEvent;
 
     // Messages the session counted: commands and malformed lines.
     let seen = |session: &RedisSession| {
@@ -234,58 +280,54 @@ fn run(args: &Args) -> ExitCode {
     let mut events: u64 = 0;
     let mut ready = false;
     let mut sentinel_at: Option<u64> = None;
-    smol::block_on(async {
-        while let Some(event) = client.next_event().await {
-            if first.is_none() && ready && seen(client.session()) > own(client.session()) {
-                first = Some(Instant::now());
-            }
-            match event {
-                RedisClientEvent::Session(RedisEvent::Command(command))
-                    if !args.exact && command == sentinel =>
-                {
-                    sentinel_at = Some(seen(client.session()) - 1);
-                    break;
-                }
-                RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
-                    if command == sentinel {
-                        sentinel_at = Some(events);
-                        break;
-                    }
-                    events += 1;
-                }
-                RedisClientEvent::Session(RedisEvent::Malformed { .. }) => events += 1,
-                RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(
-                    request,
-                ))) => {
-                    // Nothing to fetch from: skip the range.
-                    let page = CatchUpPage {
-                        updates: Vec::new(),
-                        upto: request.to,
-                        limited: false,
-                    };
-                    let _ = client.handle_catch_up(request.id, page);
-                }
-                RedisClientEvent::Session(RedisEvent::Ready) => {
-                    ready = true;
-                    eprintln!("drain: ready");
-                }
-                RedisClientEvent::Disconnected { link, reason, .. } => {
-                    eprintln!("drain: {link} lost: {reason}");
-                    if link == RedisLink::Subscriber {
-                        break;
-                    }
-                }
-                RedisClientEvent::ConnectFailed { link, error, .. } => {
-                    eprintln!("drain: cannot connect the {link}: {error}");
-                    break;
-                }
-                RedisClientEvent::Session(RedisEvent::Closing { link, error }) => {
-                    eprintln!("drain: closing the {link}: {error}");
-                }
-                _ => {}
-            }
+    while let Some(event) = client.next_event().await {
+        if first.is_none() && ready && seen(client.session()) > own(client.session()) {
+            first = Some(Instant::now());
         }
-    });
+        match event {
+            RedisClientEvent::Session(RedisEvent::Command(command))
+                if !args.exact && command == *sentinel =>
+            {
+                sentinel_at = Some(seen(client.session()) - 1);
+                break;
+            }
+            RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
+                if command == *sentinel {
+                    sentinel_at = Some(events);
+                    break;
+                }
+                events += 1;
+            }
+            RedisClientEvent::Session(RedisEvent::Malformed { .. }) => events += 1,
+            RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+                // Nothing to fetch from: skip the range.
+                let page = CatchUpPage {
+                    updates: Vec::new(),
+                    upto: request.to,
+                    limited: false,
+                };
+                let _ = client.handle_catch_up(request.id, page);
+            }
+            RedisClientEvent::Session(RedisEvent::Ready) => {
+                ready = true;
+                eprintln!("drain: ready");
+            }
+            RedisClientEvent::Disconnected { link, reason, .. } => {
+                eprintln!("drain: {link} lost: {reason}");
+                if link == RedisLink::Subscriber {
+                    break;
+                }
+            }
+            RedisClientEvent::ConnectFailed { link, error, .. } => {
+                eprintln!("drain: cannot connect the {link}: {error}");
+                break;
+            }
+            RedisClientEvent::Session(RedisEvent::Closing { link, error }) => {
+                eprintln!("drain: closing the {link}: {error}");
+            }
+            _ => {}
+        }
+    }
     let seconds = first.map_or(0.0, |first| first.elapsed().as_secs_f64());
     let session = client.session();
     let received = match sentinel_at {
@@ -298,7 +340,6 @@ fn run(args: &Args) -> ExitCode {
         seconds,
         sentinel: sentinel_at.is_some(),
     }
-    .finish()
 }
 
 /// CPU time of this process so far, every thread (Linux: the sum of
