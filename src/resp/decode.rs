@@ -235,6 +235,57 @@ enum Progress {
 /// so one huge frame does not pin memory for the connection's lifetime.
 const TOKENS_KEPT: usize = 4096;
 
+/// The channels a subscriber listens on, for
+/// [`Decoder::decode_message_on`]: each with the bytes that every `message`
+/// on it starts with (after the type byte), so that one comparison finds
+/// both that a frame is a message and which channel it is on.
+///
+/// ```
+/// use bytes::{Bytes, BytesMut};
+/// use synapse_replication::resp::{Channels, Decoder};
+///
+/// let channels = Channels::new([Bytes::from_static(b"example.com")]);
+/// let mut buf = BytesMut::from(&b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n$4\r\nPING\r\n"[..]);
+/// let (index, payload) = Decoder::new().decode_message_on(&mut buf, &channels).unwrap();
+/// assert_eq!((index, &payload[..]), (0, &b"PING"[..]));
+/// assert!(buf.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Channels {
+    names: Vec<Bytes>,
+    /// `3\r\n$7\r\nmessage\r\n$<len>\r\n<name>\r\n`, one per name.
+    prefixes: Vec<Vec<u8>>,
+}
+
+impl Channels {
+    /// The channels `names`, in this order (indices are positions here).
+    pub fn new(names: impl IntoIterator<Item = Bytes>) -> Channels {
+        let names: Vec<Bytes> = names.into_iter().collect();
+        let prefixes = names
+            .iter()
+            .map(|name| {
+                let mut prefix = b"3\r\n$7\r\nmessage\r\n$".to_vec();
+                prefix.extend_from_slice(name.len().to_string().as_bytes());
+                prefix.extend_from_slice(b"\r\n");
+                prefix.extend_from_slice(name);
+                prefix.extend_from_slice(b"\r\n");
+                prefix
+            })
+            .collect();
+        Channels { names, prefixes }
+    }
+
+    /// The channels' names.
+    pub fn names(&self) -> &[Bytes] {
+        &self.names
+    }
+
+    /// The index of `channel`, if it is one of these.
+    pub fn index(&self, channel: &[u8]) -> Option<usize> {
+        self.names.iter().position(|name| name[..] == *channel)
+    }
+}
+
 /// The fast path's view of a pub/sub message.
 struct FastMessage {
     pattern: Option<Span>,
@@ -360,25 +411,36 @@ impl Decoder {
     pub fn decode_message_on(
         &mut self,
         buf: &mut BytesMut,
-        channels: &[Bytes],
+        channels: &Channels,
     ) -> Option<(usize, Bytes)> {
         if self.pos != 0 || !self.tokens.is_empty() {
             return None;
         }
-        let fast = self.fast_message(buf)?;
-        if fast.pattern.is_some() {
+        let limits = &self.limits;
+        if limits.depth() < 1 || limits.max_elements < 4 {
             return None;
         }
-        let channel = buf.get(fast.channel.start..fast.channel.end)?;
-        let index = channels.iter().position(|known| known[..] == *channel)?;
-        if fast.payload.start > fast.payload.end || fast.end < fast.payload.end {
+        let (&first, rest) = buf.split_first()?;
+        if first != b'*' && first != b'>' {
+            return None;
+        }
+        let index = channels
+            .prefixes
+            .iter()
+            .position(|prefix| rest.starts_with(prefix))?;
+        let at = 1 + channels.prefixes.get(index)?.len();
+        if channels.names.get(index)?.len() > limits.max_bulk_len {
+            return None;
+        }
+        let (payload, end) = fast_bulk(buf, at, limits.max_bulk_len)?;
+        if end > limits.max_frame_len || payload.start > payload.end || end < payload.end {
             return None;
         }
         self.reset();
-        bytes::Buf::advance(buf, fast.payload.start);
-        let payload = buf.split_to(fast.payload.end - fast.payload.start).freeze();
-        bytes::Buf::advance(buf, fast.end - fast.payload.end);
-        Some((index, payload))
+        bytes::Buf::advance(buf, payload.start);
+        let payload_bytes = buf.split_to(payload.end - payload.start).freeze();
+        bytes::Buf::advance(buf, end - payload.end);
+        Some((index, payload_bytes))
     }
 
     /// A complete, well-formed `message` or `pmessage` within the limits
@@ -891,26 +953,27 @@ fn fast_integer(buf: &[u8]) -> Option<(i64, usize)> {
 /// A bulk string at `at` for the fast path: its payload and the offset
 /// after it, if complete, well-formed and within `max` bytes.
 fn fast_bulk(buf: &[u8], at: usize, max: usize) -> Option<(Span, usize)> {
-    if buf.get(at) != Some(&b'$') {
+    let (&dollar, digits) = buf.get(at..)?.split_first()?;
+    if dollar != b'$' {
         return None;
     }
-    let mut index = at + 1;
-    let mut len: usize = 0;
-    loop {
-        let byte = *buf.get(index)?;
-        if byte.is_ascii_digit() && index - at <= MAX_LEN_DIGITS {
-            len = len.checked_mul(10)?.checked_add(usize::from(byte - b'0'))?;
-            index += 1;
-        } else if byte == b'\r' && index > at + 1 {
+    // At most 19 digits: no overflow in a u64.
+    let mut len: u64 = 0;
+    let mut count = 0;
+    for &byte in digits.iter().take(MAX_LEN_DIGITS) {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
             break;
-        } else {
-            return None;
         }
+        len = len * 10 + u64::from(digit);
+        count += 1;
     }
-    if buf.get(index + 1) != Some(&b'\n') || len > max {
+    let cr = at + 1 + count;
+    if count == 0 || buf.get(cr..cr + 2)? != b"\r\n" {
         return None;
     }
-    let start = index + 2;
+    let len = usize::try_from(len).ok().filter(|&len| len <= max)?;
+    let start = cr + 2;
     let end = start.checked_add(len)?;
     let next = end.checked_add(2)?;
     (buf.get(end..next)? == b"\r\n").then_some((Span { start, end }, next))
@@ -962,7 +1025,7 @@ mod tests {
             *3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$5\r\nhello\r\n\
             *3\r\n$7\r\nmessage\r\n$5\r\nother\r\n$2\r\nhi\r\n\
             >3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$0\r\n\r\n:7\r\n";
-        let channels = [Bytes::from_static(b"ch")];
+        let channels = Channels::new([Bytes::from_static(b"ch")]);
         let expected = decode_all(input).unwrap();
         for cut in 0..=input.len() {
             let mut decoder = Decoder::new();
@@ -973,7 +1036,7 @@ mod tests {
                     assert_eq!(index, 0);
                     seen.push(Frame::Array(vec![
                         bulk("message"),
-                        Frame::BulkString(channels[0].clone()),
+                        Frame::BulkString(channels.names()[0].clone()),
                         Frame::BulkString(payload),
                     ]));
                     continue;

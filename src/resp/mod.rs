@@ -72,7 +72,7 @@ mod error;
 mod frame;
 mod value;
 
-pub use decode::{Decoder, Limits};
+pub use decode::{Channels, Decoder, Limits};
 pub use encode::{
     Credentials, Hello, Protocol, command_len, encode_auth, encode_client_setname, encode_command,
     encode_hello, encode_ping, encode_publish, encode_quit, encode_select, encode_subscribe,

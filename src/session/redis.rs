@@ -526,7 +526,7 @@ fn usable(link: Option<&Link>) -> bool {
 #[derive(Debug)]
 pub struct RedisSession {
     options: RedisOptions,
-    channels: Vec<Bytes>,
+    channels: resp::Channels,
     decoder: Decoder,
     follower: Follower,
     writer: Writer,
@@ -549,7 +549,7 @@ impl RedisSession {
     /// A session with `options` that follows with `follower` and writes
     /// with `writer` (both named after this process).
     pub fn new(options: RedisOptions, follower: Follower, writer: Writer) -> RedisSession {
-        let channels = options.channels().into_iter().map(Bytes::from).collect();
+        let channels = resp::Channels::new(options.channels().into_iter().map(Bytes::from));
         RedisSession {
             decoder: Decoder::new().max_line_len(options.max_line_len),
             two_links: !options.single_connection,
@@ -650,7 +650,7 @@ impl RedisSession {
             conn.handshake += 1;
         }
         if link == RedisLink::Subscriber {
-            let channels: Vec<&[u8]> = self.channels.iter().map(|c| &c[..]).collect();
+            let channels: Vec<&[u8]> = self.channels.names().iter().map(|c| &c[..]).collect();
             resp::encode_subscribe(&mut conn.out, &channels);
             for _ in &channels {
                 conn.owe(Expect::Subscribe, now);
@@ -776,7 +776,7 @@ impl RedisSession {
                 let expected = kind == SubscriptionKind::Subscribe
                     && channel
                         .as_ref()
-                        .is_some_and(|channel| self.channels.contains(channel));
+                        .is_some_and(|channel| self.channels.index(channel).is_some());
                 let reply = self.take_expect(link)?;
                 if !expected || reply != Expect::Subscribe {
                     return Err(RedisError::Unexpected(format!(
@@ -882,7 +882,7 @@ impl RedisSession {
     }
 
     fn handle_message(&mut self, channel: Bytes, payload: Bytes, now: Instant) {
-        match self.channels.iter().position(|known| *known == channel) {
+        match self.channels.index(&channel) {
             Some(index) => self.handle_payload(index, payload, now),
             None => self.counters.foreign_messages += 1,
         }
@@ -900,7 +900,8 @@ impl RedisSession {
                 return;
             }
         }
-        let channel_bytes = |channels: &[Bytes]| channels.get(channel).cloned().unwrap_or_default();
+        let channel_bytes =
+            |channels: &resp::Channels| channels.names().get(channel).cloned().unwrap_or_default();
         let command = match self.decoder.decode(payload) {
             Ok(Some(command)) => command,
             Ok(None) => return,
