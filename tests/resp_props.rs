@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use synapse_replication::resp::{
-    Decoder, Frame, Incoming, Limits, Message, RespError, command_len, encode_command,
+    Channels, Decoder, Frame, Incoming, Limits, Message, RespError, command_len, encode_command,
     encode_publish, publish_len,
 };
 
@@ -112,6 +112,64 @@ fn message() -> impl Strategy<Value = (Message, Frame)> {
             };
             (message, frame)
         })
+}
+
+/// The channels of the subscriber tests: a deployment's two, and a short
+/// one whose name is a prefix of neither.
+fn subscribed() -> Channels {
+    Channels::new(
+        ["e2e.example.com", "e2e.example.com/USER_IP", "1"]
+            .into_iter()
+            .map(|name| Bytes::from_static(name.as_bytes())),
+    )
+}
+
+/// A message on one of [`subscribed`]'s channels (or a near miss), as
+/// Redis writes it.
+fn subscribed_message() -> impl Strategy<Value = Frame> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop::sample::select(vec![
+            "e2e.example.com",
+            "e2e.example.com/USER_IP",
+            "1",
+            "e2e.example.co",
+            "11",
+            "",
+        ]),
+        prop_oneof![bytes(48), bytes(600)],
+    )
+        .prop_map(|(push, pattern, channel, payload)| {
+            let mut items = vec![Frame::bulk(if pattern { "pmessage" } else { "message" })];
+            if pattern {
+                items.push(Frame::bulk("e2e.*"));
+            }
+            items.push(Frame::bulk(channel));
+            items.push(Frame::BulkString(payload));
+            if push {
+                Frame::Push(items)
+            } else {
+                Frame::Array(items)
+            }
+        })
+}
+
+/// The subscriber's path, as the session takes it: messages on known
+/// channels by `decode_message_on`, everything else by `decode_pubsub`.
+fn decode_subscribed(
+    channels: &Channels,
+) -> impl FnMut(&mut Decoder, &mut BytesMut) -> Result<Option<Incoming>, RespError> + '_ {
+    move |decoder, buf| {
+        if let Some((index, payload)) = decoder.decode_message_on(buf, channels) {
+            return Ok(Some(Incoming::Message(Message {
+                pattern: None,
+                channel: channels.names()[index].clone(),
+                payload,
+            })));
+        }
+        decoder.decode_pubsub(buf)
+    }
 }
 
 fn encode_all(frames: &[Frame]) -> Vec<u8> {
@@ -361,6 +419,42 @@ proptest! {
         for sizes in [&sizes[..], &[1], &[input.len()]] {
             let fast = decode_reads(&input, sizes, Limits::new(), Decoder::decode_pubsub);
             prop_assert_eq!(fast, general(sizes));
+        }
+    }
+
+    #[test]
+    fn the_channel_fast_path_agrees_with_decode_pubsub(
+        frames in vec(
+            prop_oneof![
+                4 => subscribed_message(),
+                1 => message().prop_map(|(_, frame)| frame),
+                1 => resp3_leaf(),
+            ],
+            1..8,
+        ),
+        sizes in vec(prop_oneof![1usize..8, 64usize..2048], 1..8),
+        corrupt in prop::option::of((
+            any::<prop::sample::Index>(),
+            prop::sample::select(b"\r\n-0123456789$*>".to_vec()),
+        )),
+        limits in prop_oneof![
+            Just(Limits::new()),
+            (1usize..40, 16usize..700).prop_map(|(bulk, frame)| {
+                Limits::new().with_max_bulk_len(bulk).with_max_frame_len(frame)
+            }),
+            Just(Limits::new().with_max_elements(3)),
+        ],
+    ) {
+        let mut input = encode_all(&frames);
+        if let Some((at, byte)) = corrupt {
+            let at = at.index(input.len());
+            input[at] = byte;
+        }
+        let channels = subscribed();
+        for sizes in [&sizes[..], &[1], &[input.len()]] {
+            let fast = decode_reads(&input, sizes, limits, decode_subscribed(&channels));
+            let general = decode_reads(&input, sizes, limits, Decoder::decode_pubsub);
+            prop_assert_eq!(fast, general);
         }
     }
 
