@@ -1226,6 +1226,11 @@ impl Follower {
         self.ctx.events.pop_front()
     }
 
+    /// How many events wait for [`Follower::poll_event`].
+    pub(crate) fn queued_events(&self) -> usize {
+        self.ctx.events.len()
+    }
+
     /// Applies one page of the answer to catch-up `id`.
     ///
     /// Rows are delivered grouped by token ([`RowSource::CatchUp`]). A

@@ -538,7 +538,11 @@ pub struct RedisSession {
     /// A new subscription owes a `REPLICATE`.
     replicate_owed: bool,
     queued: VecDeque<Command>,
-    events: VecDeque<RedisEvent>,
+    /// The session's own events, each with the number of the follower's
+    /// events that come before it (counted from the start).
+    events: VecDeque<(u64, RedisEvent)>,
+    /// How many of the follower's events `poll_event` has handed over.
+    follower_taken: u64,
     counters: RedisCounters,
     now: Option<Instant>,
     /// Reused to encode each published line (no allocation per publish).
@@ -562,6 +566,7 @@ impl RedisSession {
             replicate_owed: false,
             queued: VecDeque::new(),
             events: VecDeque::new(),
+            follower_taken: 0,
             counters: RedisCounters::default(),
             now: None,
             scratch: BytesMut::new(),
@@ -678,7 +683,6 @@ impl RedisSession {
         }
         if link == RedisLink::Subscriber {
             self.follower.disconnected();
-            self.drain_follower();
             self.replicate_owed = false;
         }
         if self.ready {
@@ -930,19 +934,12 @@ impl RedisSession {
     }
 
     /// Queues an event of the session's own. The follower's events stay
-    /// in the follower's queue until then (`poll_event` takes them from
-    /// there when the session has none), which spares the common case, a
-    /// run of rows, a move through a second queue; any the follower holds
-    /// are older than this event, so they go first.
+    /// in the follower's queue, so that a run of rows is not moved through
+    /// a second one; this event is marked with how many of them come
+    /// before it, and `poll_event` keeps that order.
     fn push_event(&mut self, event: RedisEvent) {
-        self.drain_follower();
-        self.events.push_back(event);
-    }
-
-    fn drain_follower(&mut self) {
-        while let Some(event) = self.follower.poll_event() {
-            self.events.push_back(RedisEvent::Follower(event));
-        }
+        let before = self.follower_taken + self.follower.queued_events() as u64;
+        self.events.push_back((before, event));
     }
 
     fn drain_writer(&mut self) {
@@ -1152,10 +1149,18 @@ impl RedisSession {
     /// The next event, or `None`. Drain after every input.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<RedisEvent> {
-        if let Some(event) = self.events.pop_front() {
-            return Some(event);
+        if let Some((before, _)) = self.events.front() {
+            if *before <= self.follower_taken {
+                return self.events.pop_front().map(|(_, event)| event);
+            }
         }
-        self.follower.poll_event().map(RedisEvent::Follower)
+        if let Some(event) = self.follower.poll_event() {
+            self.follower_taken += 1;
+            return Some(RedisEvent::Follower(event));
+        }
+        // Only if the application took the follower's events itself
+        // (through `follower_mut`): nothing is left to wait for.
+        self.events.pop_front().map(|(_, event)| event)
     }
 
     /// The next bytes to write on `link`, or `None`: everything queued, in
