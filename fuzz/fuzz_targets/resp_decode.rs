@@ -7,12 +7,14 @@
 //!   the same way (same error kind, or the same bytes left over);
 //! - every decoded frame re-encodes, and decodes back to itself;
 //! - `decode_pubsub` gives what `Incoming::from_frame` makes of `decode`;
+//! - the subscriber's path (`decode_message_on` for a few channels, then
+//!   `decode_pubsub`) gives what `decode_pubsub` gives;
 //! - `decode_bytes` agrees with `decode`.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use synapse_replication::resp::{Decoder, Frame, Incoming, Limits, RespError};
+use synapse_replication::resp::{Channels, Decoder, Frame, Incoming, Limits, Message, RespError};
 
 #[derive(Clone, Debug, PartialEq)]
 enum End {
@@ -87,6 +89,23 @@ fuzz_target!(|data: &[u8]| {
     let pubsub = run(&[first, second], limits, Decoder::decode_pubsub);
     let classified: Vec<Incoming> = whole.0.iter().cloned().map(Incoming::from_frame).collect();
     assert_eq!(pubsub, (classified, whole.1.clone()));
+
+    let channels = Channels::new([
+        Bytes::from_static(b"ch"),
+        Bytes::from_static(b"c"),
+        Bytes::from_static(b"ch/USER_IP"),
+    ]);
+    let subscribed = run(&[first, second], limits, |decoder, buf| {
+        if let Some((index, payload)) = decoder.decode_message_on(buf, &channels) {
+            return Ok(Some(Incoming::Message(Message {
+                pattern: None,
+                channel: channels.names()[index].clone(),
+                payload,
+            })));
+        }
+        decoder.decode_pubsub(buf)
+    });
+    assert_eq!(subscribed, pubsub);
 
     assert_eq!(
         with_offsets(input, limits),

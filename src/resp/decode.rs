@@ -380,7 +380,7 @@ impl Decoder {
         // (a first header may have been cut short: forget that).
         if self.pos == 0 && self.tokens.is_empty() {
             // A publisher's replies: `:<subscribers>\r\n` each.
-            if let Some((value, end)) = fast_integer(buf) {
+            if let Some((value, end)) = fast_integer(buf, &self.limits) {
                 self.reset();
                 bytes::Buf::advance(buf, end);
                 return Ok(Some(Incoming::Frame(Frame::Integer(value))));
@@ -417,7 +417,7 @@ impl Decoder {
             return None;
         }
         let limits = &self.limits;
-        if limits.depth() < 1 || limits.max_elements < 4 {
+        if !fast_paths_fit(limits) {
             return None;
         }
         let (&first, rest) = buf.split_first()?;
@@ -450,7 +450,7 @@ impl Decoder {
         const MESSAGE: &[u8] = b"3\r\n$7\r\nmessage\r\n";
         const PMESSAGE: &[u8] = b"4\r\n$8\r\npmessage\r\n";
         let limits = &self.limits;
-        if limits.depth() < 1 || limits.max_elements < 4 {
+        if !fast_paths_fit(limits) {
             return None;
         }
         let (&first, rest) = buf.split_first()?;
@@ -923,11 +923,19 @@ fn parse_len(input: &[u8]) -> Result<Option<(Len, usize)>, RespError> {
     Ok(Some((len, index + 2)))
 }
 
+/// Whether the message fast paths may run: under these limits, every
+/// header they accept (at most 19 digits) is a line the general path
+/// accepts too, and a message's array fits. Tighter limits (tests, fuzzing)
+/// leave everything to the general path, which reports them exactly.
+fn fast_paths_fit(limits: &Limits) -> bool {
+    limits.depth() >= 1 && limits.max_elements >= 4 && limits.max_line_len > MAX_LEN_DIGITS
+}
+
 /// A complete `:<digits>\r\n` (at most 18 digits, optional `-`) at the
 /// front of `buf`: its value and length. Anything else takes the general
 /// path.
 #[inline]
-fn fast_integer(buf: &[u8]) -> Option<(i64, usize)> {
+fn fast_integer(buf: &[u8], limits: &Limits) -> Option<(i64, usize)> {
     let rest = buf.strip_prefix(b":")?;
     let (negative, digits_at) = match rest.first()? {
         b'-' => (true, 2),
@@ -946,7 +954,10 @@ fn fast_integer(buf: &[u8]) -> Option<(i64, usize)> {
             return None;
         }
     }
-    (buf.get(index + 1) == Some(&b'\n'))
+    // Within the limits as the general path counts them (the line after
+    // the type byte; the frame with its CRLF), or left to it to refuse.
+    let within = index - 1 <= limits.max_line_len && index + 2 <= limits.max_frame_len;
+    (within && buf.get(index + 1) == Some(&b'\n'))
         .then_some((if negative { -value } else { value }, index + 2))
 }
 
@@ -1015,6 +1026,37 @@ mod tests {
 
     fn bulk(text: &str) -> Frame {
         Frame::bulk(text.to_owned())
+    }
+
+    /// Found by fuzzing: the integer fast path took a line longer than
+    /// `max_line_len`, which the general path refuses.
+    #[test]
+    fn fast_paths_keep_the_line_and_frame_limits() {
+        for (limits, input) in [
+            (Limits::new().with_max_line_len(8), &b":9999999999\r\n"[..]),
+            (Limits::new().with_max_frame_len(6), &b":12345\r\n"[..]),
+            (
+                Limits::new().with_max_line_len(8),
+                &b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$0000000002\r\nhi\r\n"[..],
+            ),
+        ] {
+            let general = Decoder::with_limits(limits).decode(&mut BytesMut::from(input));
+            let fast = Decoder::with_limits(limits).decode_pubsub(&mut BytesMut::from(input));
+            match (general, fast) {
+                (Ok(general), Ok(fast)) => assert_eq!(general.map(Incoming::from_frame), fast),
+                (Err(general), Err(fast)) => assert_eq!(
+                    std::mem::discriminant(&general),
+                    std::mem::discriminant(&fast)
+                ),
+                (general, fast) => panic!("{input:?} within {limits:?}: {general:?}, {fast:?}"),
+            }
+            // The channel fast path leaves such input to the general path.
+            let channels = Channels::new([Bytes::from_static(b"ch")]);
+            let mut buf = BytesMut::from(input);
+            let mut decoder = Decoder::with_limits(limits);
+            assert!(decoder.decode_message_on(&mut buf, &channels).is_none());
+            assert_eq!(&buf[..], input);
+        }
     }
 
     /// The fast paths give what the general path gives, for every prefix
