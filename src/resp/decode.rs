@@ -925,10 +925,15 @@ fn parse_len(input: &[u8]) -> Result<Option<(Len, usize)>, RespError> {
 
 /// Whether the message fast paths may run: under these limits, every
 /// header they accept (at most 19 digits) is a line the general path
-/// accepts too, and a message's array fits. Tighter limits (tests, fuzzing)
-/// leave everything to the general path, which reports them exactly.
+/// accepts too, a message's array fits, and so do its fixed bulk strings
+/// (`message`, `pmessage`: they check only the variable ones). Tighter
+/// limits (tests, fuzzing) leave everything to the general path, which
+/// reports them exactly.
 fn fast_paths_fit(limits: &Limits) -> bool {
-    limits.depth() >= 1 && limits.max_elements >= 4 && limits.max_line_len > MAX_LEN_DIGITS
+    limits.depth() >= 1
+        && limits.max_elements >= 4
+        && limits.max_line_len > MAX_LEN_DIGITS
+        && limits.max_bulk_len >= b"pmessage".len()
 }
 
 /// A complete `:<digits>\r\n` (at most 18 digits, optional `-`) at the
@@ -1028,11 +1033,20 @@ mod tests {
         Frame::bulk(text.to_owned())
     }
 
-    /// Found by fuzzing: the integer fast path took a line longer than
-    /// `max_line_len`, which the general path refuses.
+    /// Found by fuzzing and review: the fast paths took a line longer than
+    /// `max_line_len`, or a `message` bulk longer than `max_bulk_len`,
+    /// which the general path refuses.
     #[test]
     fn fast_paths_keep_the_line_and_frame_limits() {
         for (limits, input) in [
+            (
+                Limits::new().with_max_bulk_len(4),
+                &b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n"[..],
+            ),
+            (
+                Limits::new().with_max_bulk_len(7),
+                &b"*4\r\n$8\r\npmessage\r\n$1\r\nc\r\n$2\r\nch\r\n$2\r\nhi\r\n"[..],
+            ),
             (Limits::new().with_max_line_len(8), &b":9999999999\r\n"[..]),
             (Limits::new().with_max_frame_len(6), &b":12345\r\n"[..]),
             (

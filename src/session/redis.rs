@@ -1253,7 +1253,9 @@ impl RedisSession {
     }
 
     /// The follower, to seed positions ([`Follower::set_position`]) or
-    /// forget writers; drain events after.
+    /// forget writers; drain events after, through
+    /// [`RedisSession::poll_event`] (taking the follower's events from it
+    /// directly would let the session's own events come out of order).
     pub fn follower_mut(&mut self) -> &mut Follower {
         &mut self.follower
     }
