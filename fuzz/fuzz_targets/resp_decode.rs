@@ -70,13 +70,15 @@ fuzz_target!(|data: &[u8]| {
     let [a, b, caps, input @ ..] = data else {
         return;
     };
-    let limits = match caps % 4 {
+    let limits = match caps % 5 {
         0 => Limits::new(),
         1 => Limits::new()
             .with_max_depth(3)
             .with_max_elements(4)
             .with_max_bulk_len(16),
         2 => Limits::new().with_max_line_len(8).with_max_frame_len(48),
+        // Under the length of `message`: the fast paths must stand aside.
+        3 => Limits::new().with_max_bulk_len(5),
         _ => Limits::new().with_max_depth(0),
     };
     let split = usize::from(u16::from_le_bytes([*a, *b])) % (input.len() + 1);
