@@ -9,7 +9,7 @@ use super::command::{
     Command, CommandKind, FederationAck, LockReleased, Position, Rdata, UserIp, UserSync,
 };
 use super::error::{DecodeError, snippet};
-use super::json::{self, JsonError};
+use super::json::{self, JsonError, Text};
 use super::names::{InstanceName, StreamName};
 use super::row::RawRow;
 use super::token::{RdataToken, Token};
@@ -266,17 +266,40 @@ fn parse_i64(text: &[u8]) -> Option<i64> {
     Some(value)
 }
 
-fn json_field<T: serde::de::DeserializeOwned>(
+/// The fields of a JSON array, their strings borrowed from `value` where
+/// they hold no escapes (see [`json::from_slice_borrowed`]).
+fn json_texts<'a, T, O>(
     command: CommandKind,
     field: &'static str,
-    value: &[u8],
-) -> Result<T, DecodeError> {
-    json::from_slice_lossy(value).map_err(|source| DecodeError::InvalidJson {
+    value: &'a [u8],
+    own: impl FnOnce(O) -> T,
+) -> Result<T, DecodeError>
+where
+    T: serde::Deserialize<'a>,
+    O: serde::de::DeserializeOwned,
+{
+    json::from_slice_borrowed(value, own).map_err(|source| DecodeError::InvalidJson {
         command,
         field,
         source,
         input: snippet(value),
     })
+}
+
+/// A string of a JSON field of `line`: a slice of the line if it was
+/// borrowed from it (no copy), else its unescaped copy.
+fn line_text(line: &Bytes, text: Text<'_>) -> ByteString {
+    let text = match text {
+        Text::Borrowed(text) => text,
+        Text::Owned(text) => return ByteString::from(text),
+    };
+    let offset = (text.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
+    let inside = offset <= line.len() && text.len() <= line.len() - offset;
+    if !inside {
+        return ByteString::from(text);
+    }
+    ByteString::try_from(line.slice(offset..offset + text.len()))
+        .unwrap_or_else(|_| ByteString::from(text))
 }
 
 /// `USER_IP` data starts with an access token: an error must not quote it
@@ -394,29 +417,41 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
         }
         CommandKind::UserIp => {
             let [user, data] = split(kind, ["user id", "JSON data"], rest)?;
-            let (access_token, ip, user_agent, device_id, last_seen): (
-                String,
-                String,
-                String,
-                Option<String>,
-                i64,
-            ) = json_field(kind, "JSON data", data).map_err(redact_input)?;
+            type Fields<T> = (T, T, T, Option<T>, i64);
+            let (access_token, ip, user_agent, device_id, last_seen) =
+                json_texts(kind, "JSON data", data, |fields: Fields<String>| {
+                    let (token, ip, agent, device, last_seen) = fields;
+                    let device = device.map(Text::from);
+                    (token.into(), ip.into(), agent.into(), device, last_seen)
+                })
+                .map_err(redact_input)?;
             Command::UserIp(UserIp {
                 user_id: name(line, kind, "user id", user)?,
-                access_token: access_token.into(),
-                ip: ip.into(),
-                user_agent: user_agent.into(),
-                device_id: device_id.map(ByteString::from),
+                access_token: line_text(line, access_token),
+                ip: line_text(line, ip),
+                user_agent: line_text(line, user_agent),
+                device_id: device_id.map(|device| line_text(line, device)),
                 last_seen,
             })
         }
         CommandKind::LockReleased => {
-            let (instance, lock_name, lock_key): (String, String, String) =
-                json_field(kind, "JSON data", rest)?;
+            let (instance, lock_name, lock_key) = json_texts(
+                kind,
+                "JSON data",
+                rest,
+                |fields: (String, String, String)| {
+                    let (instance, name, key) = fields;
+                    (instance.into(), name.into(), key.into())
+                },
+            )?;
+            let instance = match instance {
+                Text::Borrowed(name) => InstanceName::from(name),
+                Text::Owned(name) => InstanceName::from(name),
+            };
             Command::LockReleased(LockReleased {
-                instance: InstanceName::from(instance),
-                lock_name: lock_name.into(),
-                lock_key: lock_key.into(),
+                instance,
+                lock_name: line_text(line, lock_name),
+                lock_key: line_text(line, lock_key),
             })
         }
     })
@@ -654,5 +689,66 @@ mod redaction_tests {
         let text = format!("{error} {error:?}");
         assert!(!text.contains("syt_secret_token"), "{text}");
         assert!(text.contains("not quoted"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod json_field_tests {
+    use super::*;
+
+    /// Whether `text` is a slice of `line`'s own bytes (not a copy).
+    fn shares(line: &Bytes, text: &ByteString) -> bool {
+        line.as_ptr_range().contains(&text.as_ptr())
+    }
+
+    #[test]
+    fn user_ip_strings_are_slices_of_the_line_unless_escaped() {
+        let line = Bytes::from_static(
+            br#"USER_IP @a:x ["syt_t","1.2.3.4","caf\u00e9 agent","DEV",1700000000000]"#,
+        );
+        let Ok(Some(Command::UserIp(ip))) = Command::decode(line.clone()) else {
+            panic!("USER_IP decodes");
+        };
+        assert_eq!(&*ip.access_token, "syt_t");
+        assert_eq!(&*ip.user_agent, "café agent");
+        assert_eq!(ip.device_id.as_deref(), Some("DEV"));
+        assert_eq!(ip.last_seen, 1_700_000_000_000);
+        assert!(shares(&line, &ip.access_token) && shares(&line, &ip.ip));
+        assert!(
+            !shares(&line, &ip.user_agent),
+            "an escaped string is unescaped"
+        );
+        assert!(ip.device_id.as_ref().is_some_and(|d| shares(&line, d)));
+    }
+
+    #[test]
+    fn a_lone_surrogate_reads_as_a_replacement_character() {
+        let line = Bytes::from_static(br#"USER_IP @a:x ["t","ip","a\ud800b",null,1]"#);
+        let Ok(Some(Command::UserIp(ip))) = Command::decode(line) else {
+            panic!("USER_IP decodes");
+        };
+        assert_eq!(&*ip.user_agent, "a\u{fffd}b");
+        assert_eq!((&*ip.access_token, ip.device_id), ("t", None));
+        let line = Bytes::from_static(br#"LOCK_RELEASED ["w1","lock\udc00","key"]"#);
+        let Ok(Some(Command::LockReleased(lock))) = Command::decode(line) else {
+            panic!("LOCK_RELEASED decodes");
+        };
+        assert_eq!(lock.instance, "w1");
+        assert_eq!(&*lock.lock_name, "lock\u{fffd}");
+        assert_eq!(&*lock.lock_key, "key");
+    }
+
+    #[test]
+    fn lock_released_strings_are_slices_of_the_line() {
+        let line = Bytes::from_static(br#"LOCK_RELEASED ["w1","new_event_lock","!room:x"]"#);
+        let Ok(Some(Command::LockReleased(lock))) = Command::decode(line.clone()) else {
+            panic!("LOCK_RELEASED decodes");
+        };
+        assert_eq!(lock.instance, "w1");
+        assert_eq!(
+            (&*lock.lock_name, &*lock.lock_key),
+            ("new_event_lock", "!room:x")
+        );
+        assert!(shares(&line, &lock.lock_name) && shares(&line, &lock.lock_key));
     }
 }

@@ -18,8 +18,8 @@
 use std::borrow::Cow;
 use std::io;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::ser::{CharEscape, Formatter};
 
 mod validate;
@@ -92,6 +92,72 @@ pub fn from_slice_lossy<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonErro
             Some(replaced) => Ok(serde_json::from_slice(&replaced)?),
             None => Err(error.into()),
         },
+    }
+}
+
+/// [`from_slice_lossy`] for fields read as [`Text`]: `T` borrows every
+/// string without escapes from `bytes`. Only text with a lone surrogate
+/// escape (the lossy case) is parsed a second time, as the owned `O`, and
+/// turned into a `T` by `own`.
+pub(crate) fn from_slice_borrowed<'a, T, O>(
+    bytes: &'a [u8],
+    own: impl FnOnce(O) -> T,
+) -> Result<T, JsonError>
+where
+    T: Deserialize<'a>,
+    O: DeserializeOwned,
+{
+    match serde_json::from_slice(bytes) {
+        Ok(value) => Ok(value),
+        Err(error) => match replace_lone_surrogates(bytes) {
+            Some(replaced) => Ok(own(serde_json::from_slice(&replaced)?)),
+            None => Err(error.into()),
+        },
+    }
+}
+
+/// A JSON string read by [`from_slice_borrowed`]: borrowed from the text
+/// when it holds no escape (no copy, no allocation), else unescaped into
+/// its own `String`.
+#[derive(Debug)]
+pub(crate) enum Text<'a> {
+    /// The string as it stands in the text.
+    Borrowed(&'a str),
+    /// The unescaped string.
+    Owned(String),
+}
+
+impl From<String> for Text<'_> {
+    fn from(text: String) -> Self {
+        Text::Owned(text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text::Borrowed(text))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text::Owned(text.to_owned()))
+            }
+
+            fn visit_string<E>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text::Owned(text))
+            }
+        }
+
+        deserializer.deserialize_str(Visitor)
     }
 }
 
