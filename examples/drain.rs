@@ -292,7 +292,7 @@ async fn follow<R: synapse_replication::transport::Runtime>(
                 break;
             }
             RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
-                if command == *sentinel {
+                if *command == *sentinel {
                     sentinel_at = Some(events);
                     break;
                 }

@@ -217,14 +217,14 @@ pub mod mix {
                     is_syncing: rng.below(2) == 0,
                     last_sync_ms: now_ms,
                 })),
-                40..75 => Item::Send(Command::UserIp(UserIp {
+                40..75 => Item::Send(Command::UserIp(Box::new(UserIp {
                     user_id: rng.pick(USERS).into(),
                     access_token: format!("syt_{}_{}", rng.b64(8), rng.b64(20)).into(),
                     ip: format!("203.0.113.{}", rng.below(250)).into(),
                     user_agent: rng.pick(AGENTS).into(),
                     device_id: Some(rng.b64(10).to_uppercase().into()),
                     last_seen: now_ms,
-                })),
+                }))),
                 75..85 => Item::Send(Command::FederationAck(FederationAck {
                     instance: InstanceName::from("federation_sender1"),
                     token: Token(START + (count - left) as i64),

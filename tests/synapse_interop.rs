@@ -268,7 +268,7 @@ fn note(event: RedisClientEvent, record: &mut Record) {
             other => record.problems.push(other.to_string()),
         },
         RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
-            record.received.push(command);
+            record.received.push(*command);
         }
         RedisClientEvent::Session(RedisEvent::Command(command)) => record.commands.push(command),
         RedisClientEvent::CatchUpFailed { request, error, .. } => {

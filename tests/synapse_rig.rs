@@ -279,7 +279,7 @@ fn redis_replication_traffic() {
     assert_eq!(got, expected);
     for stream in &got {
         assert!(
-            StreamName::new(stream.to_string()).is_known(),
+            StreamName::new(stream).is_known(),
             "{stream} is not a stream this crate knows"
         );
     }

@@ -110,14 +110,14 @@ fn command() -> impl Strategy<Value = Command> {
             any::<i64>()
         )
             .prop_map(|(user, token, ip, agent, device, last_seen)| {
-                Command::UserIp(UserIp {
+                Command::UserIp(Box::new(UserIp {
                     user_id: user.into(),
                     access_token: token.into(),
                     ip: ip.into(),
                     user_agent: agent.into(),
                     device_id: device.map(ByteString::from),
                     last_seen,
-                })
+                }))
             }),
         (".{0,20}", ".{0,20}", ".{0,20}").prop_map(|(instance, lock_name, lock_key)| {
             Command::LockReleased(LockReleased {

@@ -290,8 +290,8 @@ pub enum RedisEvent {
     Received {
         /// The channel it came on.
         channel: Bytes,
-        /// The command.
-        command: Command,
+        /// The command (boxed, so that the common events stay small).
+        command: Box<Command>,
     },
     /// A message that is not a valid command was ignored (Synapse logs and
     /// ignores it too: each message stands alone).
@@ -921,7 +921,7 @@ impl RedisSession {
             let channel = channel_bytes(&self.channels);
             self.push_event(RedisEvent::Received {
                 channel,
-                command: command.clone(),
+                command: Box::new(command.clone()),
             });
         }
         match command {

@@ -48,7 +48,10 @@ pub enum Command {
     /// `FEDERATION_ACK`: the federation sender processed up to a token.
     FederationAck(FederationAck),
     /// `USER_IP`: a worker saw a client's IP and user agent.
-    UserIp(UserIp),
+    ///
+    /// Boxed: it is the largest command and one of the rarest, and a
+    /// [`Command`] is moved whole for each of the many `RDATA`.
+    UserIp(Box<UserIp>),
     /// `REMOTE_SERVER_UP <server_name>`: a remote server is reachable again.
     RemoteServerUp(ByteString),
     /// `LOCK_RELEASED`: a database lock was released.

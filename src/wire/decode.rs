@@ -1,5 +1,7 @@
 //! One line of bytes to one [`Command`].
 
+use std::sync::Arc;
+
 use bytes::{Buf, Bytes};
 use bytestring::ByteString;
 use nom::bytes::complete::{tag, take_till};
@@ -152,12 +154,11 @@ fn text(
 
 #[inline(always)]
 fn instance_name(
-    line: &Bytes,
     command: CommandKind,
     field: &'static str,
     value: &[u8],
 ) -> Result<InstanceName, DecodeError> {
-    match InstanceName::from_line(line, value) {
+    match InstanceName::from_line(value) {
         Some(name) if !value.is_empty() => Ok(name),
         _ => Err(invalid_instance_name(command, field, value)),
     }
@@ -213,12 +214,8 @@ fn other_stream_name(
     command: CommandKind,
     value: &[u8],
 ) -> Result<StreamName, DecodeError> {
-    Ok(StreamName::Other(name(
-        line,
-        command,
-        "stream name",
-        value,
-    )?))
+    let name = name(line, command, "stream name", value)?;
+    Ok(StreamName::Other(Arc::from(&*name)))
 }
 
 fn token(command: CommandKind, field: &'static str, value: &[u8]) -> Result<Token, DecodeError> {
@@ -349,7 +346,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
             )?;
             Command::Position(Position {
                 stream: stream_name(line, kind, stream)?,
-                instance: instance_name(line, kind, "instance name", instance)?,
+                instance: instance_name(kind, "instance name", instance)?,
                 prev_token: token(kind, "prev_token", prev)?,
                 new_token: token(kind, "new_token", new)?,
             })
@@ -390,7 +387,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 }
             };
             Command::UserSync(UserSync {
-                instance_id: instance_name(line, kind, "instance id", instance)?,
+                instance_id: instance_name(kind, "instance id", instance)?,
                 user_id: name(line, kind, "user id", user)?,
                 device_id: match device {
                     b"None" => None,
@@ -411,7 +408,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                 });
             }
             Command::FederationAck(FederationAck {
-                instance: instance_name(line, kind, "instance name", instance)?,
+                instance: instance_name(kind, "instance name", instance)?,
                 token: token(kind, "token", ack)?,
             })
         }
@@ -425,14 +422,14 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                     (token.into(), ip.into(), agent.into(), device, last_seen)
                 })
                 .map_err(redact_input)?;
-            Command::UserIp(UserIp {
+            Command::UserIp(Box::new(UserIp {
                 user_id: name(line, kind, "user id", user)?,
                 access_token: line_text(line, access_token),
                 ip: line_text(line, ip),
                 user_agent: line_text(line, user_agent),
                 device_id: device_id.map(|device| line_text(line, device)),
                 last_seen,
-            })
+            }))
         }
         CommandKind::LockReleased => {
             let (instance, lock_name, lock_key) = json_texts(
@@ -497,12 +494,7 @@ fn decode_position(line: &Bytes) -> Result<Position, DecodeError> {
     };
     Ok(Position {
         stream: stream_name(line, kind, part(POSITION.len(), stream_end))?,
-        instance: instance_name(
-            line,
-            kind,
-            "instance name",
-            part(stream_end + 1, instance_end),
-        )?,
+        instance: instance_name(kind, "instance name", part(stream_end + 1, instance_end))?,
         prev_token: token("prev_token", instance_end + 1, prev_end)?,
         new_token: token("new_token", prev_end + 1, line.len())?,
     })
@@ -661,12 +653,7 @@ fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
         },
     })?;
     let stream = stream_name(&line, kind, part(RDATA.len(), stream_end))?;
-    let instance = instance_name(
-        &line,
-        kind,
-        "instance name",
-        part(stream_end + 1, instance_end),
-    )?;
+    let instance = instance_name(kind, "instance name", part(stream_end + 1, instance_end))?;
     let mut row = line;
     row.advance(token_end + 1);
     Ok(Command::Rdata(Rdata {

@@ -1,6 +1,7 @@
 //! Names of streams and of instances (processes), as they appear on the wire.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytestring::ByteString;
 
@@ -16,7 +17,7 @@ macro_rules! stream_names {
         pub enum StreamName {
             $( $(#[$doc])* $variant, )*
             /// A stream this version of the crate does not know.
-            Other(ByteString),
+            Other(Arc<str>),
         }
 
         impl StreamName {
@@ -92,9 +93,8 @@ stream_names! {
 
 impl StreamName {
     /// The stream with this name: a known variant, or [`StreamName::Other`].
-    pub fn new(name: impl Into<ByteString>) -> StreamName {
-        let name = name.into();
-        StreamName::known(&name).unwrap_or(StreamName::Other(name))
+    pub fn new(name: impl AsRef<str>) -> StreamName {
+        StreamName::from(name.as_ref())
     }
 
     /// Whether this version of the crate knows the stream.
@@ -105,12 +105,18 @@ impl StreamName {
 
 impl From<&str> for StreamName {
     fn from(name: &str) -> Self {
-        StreamName::known(name).unwrap_or_else(|| StreamName::Other(ByteString::from(name)))
+        StreamName::known(name).unwrap_or_else(|| StreamName::Other(Arc::from(name)))
     }
 }
 
 impl From<ByteString> for StreamName {
     fn from(name: ByteString) -> Self {
+        StreamName::new(name)
+    }
+}
+
+impl From<String> for StreamName {
+    fn from(name: String) -> Self {
         StreamName::new(name)
     }
 }
@@ -130,18 +136,20 @@ impl fmt::Display for StreamName {
 /// The name of a Synapse process: `master` for the main process, or a
 /// worker's `worker_name`.
 ///
-/// Names of up to 32 bytes (all real ones) are stored inline, so decoding
-/// and cloning one touches no shared counter; longer names share the line
-/// they came from.
+/// Names of up to 22 bytes (`master`, `event_persister12`,
+/// `federation_sender1`...) are stored inline, so decoding and cloning one
+/// touches no shared counter; longer names are copied once and shared. A
+/// name is 24 bytes, so that the commands and events that carry one stay
+/// small to move.
 #[derive(Clone)]
 pub struct InstanceName(Repr);
 
-const INLINE: usize = 32;
+/// The longest name stored inline: with its length and the enum's tag,
+/// 24 bytes, as much as a shared name.
+const INLINE: usize = 22;
 
-/// The bytes of an inline name, zero-padded; aligned to words, so that
-/// moving a name moves whole words.
+/// The bytes of an inline name, zero-padded.
 #[derive(Clone, Copy)]
-#[repr(align(8))]
 struct Inline([u8; INLINE]);
 
 /// `bytes` padded with zeros to [`INLINE`] bytes, if no longer, and whether
@@ -193,10 +201,13 @@ fn inline_bytes(bytes: &[u8]) -> Option<(Inline, bool)> {
             .fold(0, |word, byte| word << 8 | u64::from(*byte));
         [word, 0, 0, 0]
     };
+    // `words` lay the bytes out in 32; a name of at most INLINE (< 24)
+    // bytes fills only the first three words.
     let mut inline = [0; INLINE];
-    for (to, word) in inline.chunks_exact_mut(8).zip(words) {
-        to.copy_from_slice(&word.to_le_bytes());
-    }
+    let [first, second, third, _] = words;
+    inline[..8].copy_from_slice(&first.to_le_bytes());
+    inline[8..16].copy_from_slice(&second.to_le_bytes());
+    inline[16..].copy_from_slice(&third.to_le_bytes()[..INLINE - 16]);
     let high = (words[0] | words[1] | words[2] | words[3]) & 0x8080_8080_8080_8080;
     Some((Inline(inline), high == 0))
 }
@@ -204,7 +215,7 @@ fn inline_bytes(bytes: &[u8]) -> Option<(Inline, bool)> {
 #[derive(Clone)]
 enum Repr {
     Inline { len: u8, bytes: Inline },
-    Shared(ByteString),
+    Shared(Arc<str>),
 }
 
 impl InstanceName {
@@ -214,9 +225,8 @@ impl InstanceName {
     pub const MASTER: &'static str = "master";
 
     /// Wraps a name.
-    pub fn new(name: impl Into<ByteString>) -> Self {
-        let name = name.into();
-        Self::inline(name.as_bytes()).unwrap_or(InstanceName(Repr::Shared(name)))
+    pub fn new(name: impl AsRef<str>) -> Self {
+        InstanceName::from(name.as_ref())
     }
 
     /// The main process, `master`.
@@ -224,10 +234,10 @@ impl InstanceName {
         InstanceName::from(Self::MASTER)
     }
 
-    /// A name read from `line` (of which `name` is a part): copied inline
-    /// when short, else a shared slice. `None` if it is not UTF-8.
+    /// A name read from a line: copied inline when short, else into a
+    /// shared allocation. `None` if it is not UTF-8.
     #[inline(always)]
-    pub(crate) fn from_line(line: &bytes::Bytes, name: &[u8]) -> Option<Self> {
+    pub(crate) fn from_line(name: &[u8]) -> Option<Self> {
         if let Some((bytes, ascii)) = inline_bytes(name) {
             if !ascii {
                 std::str::from_utf8(name).ok()?;
@@ -237,9 +247,15 @@ impl InstanceName {
                 bytes,
             }));
         }
-        ByteString::try_from(line.slice_ref(name))
+        Self::shared(name)
+    }
+
+    /// A name too long to store inline, or `None` if it is not UTF-8.
+    #[cold]
+    fn shared(name: &[u8]) -> Option<Self> {
+        std::str::from_utf8(name)
             .ok()
-            .map(|name| InstanceName(Repr::Shared(name)))
+            .map(|name| InstanceName(Repr::Shared(Arc::from(name))))
     }
 
     /// `bytes` (valid UTF-8) stored inline, if short enough.
@@ -308,8 +324,7 @@ impl fmt::Debug for InstanceName {
 
 impl From<&str> for InstanceName {
     fn from(name: &str) -> Self {
-        Self::inline(name.as_bytes())
-            .unwrap_or_else(|| InstanceName(Repr::Shared(ByteString::from(name))))
+        Self::inline(name.as_bytes()).unwrap_or_else(|| InstanceName(Repr::Shared(Arc::from(name))))
     }
 }
 
@@ -356,15 +371,30 @@ mod tests {
     #[test]
     fn short_and_long_names_behave_alike() {
         let long = "a_worker_name_longer_than_thirty_bytes_é";
-        for name in ["master", "", "event_persister1", "ünïcödé", long] {
+        // Around the inline limit (22 bytes), and on either side of it
+        // with a multi-byte character at the end.
+        let at_limit = "federation_sender_1234";
+        let over_limit = "federation_sender_12345";
+        assert_eq!((at_limit.len(), over_limit.len()), (INLINE, INLINE + 1));
+        for name in [
+            "master",
+            "",
+            "event_persister1",
+            "ünïcödé",
+            at_limit,
+            over_limit,
+            "federation_sender_12é",
+            "federation_sender_123é",
+            long,
+        ] {
             let line = bytes::Bytes::copy_from_slice(name.as_bytes());
-            let decoded = InstanceName::from_line(&line, &line).unwrap();
+            let decoded = InstanceName::from_line(&line).unwrap();
             assert_eq!(decoded.as_str(), name);
             assert_eq!(decoded, InstanceName::from(name));
-            assert_eq!(decoded, InstanceName::new(name.to_string()));
+            assert_eq!(decoded, InstanceName::from(name.to_string()));
             assert_eq!(decoded.to_string(), name);
         }
-        assert!(InstanceName::from_line(&bytes::Bytes::from_static(b"\xff"), b"\xff").is_none());
+        assert!(InstanceName::from_line(b"\xff").is_none());
         assert!(InstanceName::master().is_master());
     }
 }
