@@ -1289,10 +1289,33 @@ fn own_echo(line: &[u8], own: &[u8]) -> Option<CommandKind> {
     } else {
         return None;
     };
-    let stream_end = rest.iter().position(|b| *b == b' ')?;
+    let stream_end = first_space(rest)?;
     let rest = rest.get(stream_end + 1..)?;
     let instance = rest.get(..own.len())?;
     (instance == own && rest.get(own.len()) == Some(&b' ')).then_some(kind)
+}
+
+/// The offset of the first space in `bytes`, eight bytes at a time: this
+/// runs for every message, ahead of the decoder.
+fn first_space(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut base = 0;
+    for chunk in &mut chunks {
+        let Ok(chunk) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let word = u64::from_le_bytes(chunk) ^ (ONES * u64::from(b' '));
+        // The lowest high bit set marks the first zero byte (a borrow only
+        // runs upwards), that is the first space.
+        let spaces = word.wrapping_sub(ONES) & !word & (ONES << 7);
+        if spaces != 0 {
+            return Some(base + spaces.trailing_zeros() as usize / 8);
+        }
+        base += 8;
+    }
+    let tail = chunks.remainder();
+    tail.iter().position(|b| *b == b' ').map(|at| base + at)
 }
 
 fn is_ok(frame: &Frame) -> bool {
@@ -1303,4 +1326,42 @@ fn unexpected(expect: Expect, frame: &Frame) -> RedisError {
     let text = format!("{frame:?}");
     let cut: String = text.chars().take(64).collect();
     RedisError::Unexpected(format!("{cut} in answer to {expect:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_space_agrees_with_a_plain_search() {
+        // Bytes next to a space's value, and with its bits plus the high
+        // bit, around spaces at every offset of a word.
+        let text = b"ab\xa0!\x1fcdefgh ijklmnopqrstuvwxyz0123456\x20789 \xe2\x80\x82x";
+        for start in 0..text.len() {
+            for end in start..=text.len() {
+                let part = &text[start..end];
+                let plain = part.iter().position(|b| *b == b' ');
+                assert_eq!(first_space(part), plain, "{part:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn own_echoes_are_recognised_by_their_instance() {
+        let own = b"rust_worker1";
+        let echo = |line: &[u8]| own_echo(line, own);
+        assert_eq!(
+            echo(b"RDATA events rust_worker1 5 [1]"),
+            Some(CommandKind::Rdata)
+        );
+        assert_eq!(
+            echo(b"POSITION un_partial_stated_event rust_worker1 4 5"),
+            Some(CommandKind::Position)
+        );
+        assert_eq!(echo(b"RDATA events rust_worker12 5 [1]"), None);
+        assert_eq!(echo(b"RDATA events master 5 [1]"), None);
+        assert_eq!(echo(b"RDATA rust_worker1 x 5 [1]"), None);
+        assert_eq!(echo(b"USER_SYNC rust_worker1 @a:x D start 1"), None);
+        assert_eq!(echo(b"RDATA eventsrust_worker1"), None);
+    }
 }

@@ -292,7 +292,19 @@ impl InstanceName {
 
 impl PartialEq for InstanceName {
     fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
+        match (&self.0, &other.0) {
+            // Zero-padded: equal names have equal arrays. A fixed-size
+            // comparison, where the slices' would call `memcmp`; the
+            // follower compares names for every command.
+            (
+                Repr::Inline { len, bytes },
+                Repr::Inline {
+                    len: other_len,
+                    bytes: other_bytes,
+                },
+            ) => len == other_len && bytes.0 == other_bytes.0,
+            _ => self.as_bytes() == other.as_bytes(),
+        }
     }
 }
 
