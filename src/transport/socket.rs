@@ -14,16 +14,21 @@ use futures::task::{ArcWake, AtomicWaker, waker_ref};
 
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 
-/// Sleeps until the session's deadline, re-armed when it changes.
+/// Sleeps until the session's deadline.
+///
+/// The sleep is re-armed only when the deadline comes earlier than the one
+/// armed. A later deadline (a keep-alive deadline moves with every input)
+/// keeps the armed sleep, and is looked at again when that fires: a busy
+/// connection does not create and register a new timer at every wake-up.
 pub(super) struct Timer {
-    deadline: Option<Instant>,
+    armed: Option<Instant>,
     sleep: Option<BoxFuture<'static, ()>>,
 }
 
 impl Timer {
     pub(super) fn new() -> Timer {
         Timer {
-            deadline: None,
+            armed: None,
             sleep: None,
         }
     }
@@ -37,23 +42,37 @@ impl Timer {
         cx: &mut Context<'_>,
     ) -> bool {
         if deadline <= now {
-            self.deadline = None;
-            self.sleep = None;
+            self.disarm();
             return true;
         }
-        if self.deadline != Some(deadline) {
-            self.deadline = Some(deadline);
-            self.sleep = Some(runtime.sleep_until(deadline));
+        if self.armed.is_none_or(|armed| deadline < armed) {
+            self.arm(runtime, deadline);
         }
-        let Some(sleep) = self.sleep.as_mut() else {
-            return false;
-        };
-        if sleep.as_mut().poll(cx).is_ready() {
-            self.deadline = None;
-            self.sleep = None;
-            return true;
+        loop {
+            let Some(sleep) = self.sleep.as_mut() else {
+                return false;
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if self.armed == Some(deadline) {
+                self.disarm();
+                return true;
+            }
+            // It fired for an earlier deadline than the current one:
+            // sleep on until that.
+            self.arm(runtime, deadline);
         }
-        false
+    }
+
+    fn arm(&mut self, runtime: &dyn Runtime, deadline: Instant) {
+        self.armed = Some(deadline);
+        self.sleep = Some(runtime.sleep_until(deadline));
+    }
+
+    fn disarm(&mut self) {
+        self.armed = None;
+        self.sleep = None;
     }
 }
 
@@ -214,6 +233,7 @@ mod tests {
     use futures::task::{ArcWake, waker};
 
     use super::*;
+    use crate::transport::Listener;
 
     /// A socket that has data only when the test says so, and counts how
     /// often it was asked.
@@ -335,5 +355,90 @@ mod tests {
             .wake();
         assert!(link.poll_read_into(&mut cx, &mut buffer).is_pending());
         assert_eq!(socket.reads(), 5);
+    }
+
+    /// A runtime with a virtual clock: its sleeps complete once the test
+    /// moves the clock to their deadline; it counts the sleeps made.
+    #[derive(Default)]
+    struct Clock(Mutex<ClockState>);
+
+    #[derive(Default)]
+    struct ClockState {
+        now: Option<Instant>,
+        sleeps: Vec<Instant>,
+    }
+
+    impl Clock {
+        fn now(&self) -> Instant {
+            self.0
+                .lock()
+                .expect("clock")
+                .now
+                .unwrap_or_else(Instant::now)
+        }
+
+        fn sleeps(&self) -> Vec<Instant> {
+            self.0.lock().expect("clock").sleeps.clone()
+        }
+    }
+
+    /// The runtime the timer sees: only `sleep_until` is used.
+    struct ClockRuntime(Arc<Clock>);
+
+    impl Runtime for ClockRuntime {
+        fn connect(&self, _: &str) -> BoxFuture<'static, io::Result<BoxConnection>> {
+            Box::pin(async { Err(io::ErrorKind::Unsupported.into()) })
+        }
+
+        fn listen(&self, _: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
+            Box::pin(async { Err(io::ErrorKind::Unsupported.into()) })
+        }
+
+        fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
+            self.0.0.lock().expect("clock").sleeps.push(deadline);
+            let clock = self.0.clone();
+            Box::pin(futures::future::poll_fn(move |_| {
+                if clock.now() >= deadline {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }))
+        }
+    }
+
+    #[test]
+    fn a_later_deadline_keeps_the_armed_sleep_until_it_fires() {
+        let clock = Arc::new(Clock::default());
+        let start = Instant::now();
+        let at = |ms: u64| start + std::time::Duration::from_millis(ms);
+        let set = |ms: u64| clock.0.lock().expect("clock").now = Some(at(ms));
+        let runtime = ClockRuntime(clock.clone());
+        let task = Arc::new(Task::default());
+        let task_waker = waker(task.clone());
+        let mut cx = Context::from_waker(&task_waker);
+        let mut timer = Timer::new();
+
+        set(0);
+        assert!(!timer.poll(&runtime, at(100), at(0), &mut cx));
+        // The deadline moves later at every input: no new sleep.
+        for ms in 1..50 {
+            set(ms);
+            assert!(!timer.poll(&runtime, at(100 + ms), at(ms), &mut cx));
+        }
+        assert_eq!(clock.sleeps(), vec![at(100)]);
+        // The armed sleep fires before the current deadline: it is not
+        // due, and the timer sleeps on until it.
+        set(100);
+        assert!(!timer.poll(&runtime, at(149), at(99), &mut cx));
+        assert_eq!(clock.sleeps(), vec![at(100), at(149)]);
+        // An earlier deadline re-arms at once.
+        assert!(!timer.poll(&runtime, at(120), at(100), &mut cx));
+        assert_eq!(clock.sleeps(), vec![at(100), at(149), at(120)]);
+        set(120);
+        assert!(timer.poll(&runtime, at(120), at(119), &mut cx));
+        // Due by the caller's clock: no sleep at all.
+        assert!(timer.poll(&runtime, at(130), at(130), &mut cx));
+        assert_eq!(clock.sleeps().len(), 3);
     }
 }
