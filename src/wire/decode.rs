@@ -70,8 +70,10 @@ impl Decoder {
     /// Decodes one line, given without its `\n`.
     ///
     /// Returns `Ok(None)` for a blank line (only ASCII whitespace), which
-    /// Synapse ignores. Fields of the command are slices of `line`: nothing
-    /// is copied.
+    /// Synapse ignores. Rows and text fields are slices of `line` (JSON
+    /// strings too, unless they hold escapes); stream and instance names,
+    /// a few bytes, are stored inline (a name this crate does not know, or
+    /// longer than 22 bytes, is copied once into an `Arc<str>`).
     pub fn decode(&self, line: Bytes) -> Result<Option<Command>, DecodeError> {
         if line.len() > self.max_line_len {
             return Err(DecodeError::LineTooLong {
