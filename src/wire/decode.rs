@@ -434,7 +434,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
             }))
         }
         CommandKind::LockReleased => {
-            let (instance, lock_name, lock_key) = json_texts(
+            let (instance, lock_name, lock_key): (Text, Text, Text) = json_texts(
                 kind,
                 "JSON data",
                 rest,
@@ -443,12 +443,8 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
                     (instance.into(), name.into(), key.into())
                 },
             )?;
-            let instance = match instance {
-                Text::Borrowed(name) => InstanceName::from(name),
-                Text::Owned(name) => InstanceName::from(name),
-            };
             Command::LockReleased(LockReleased {
-                instance,
+                instance: InstanceName::from(instance.as_str()),
                 lock_name: line_text(line, lock_name),
                 lock_key: line_text(line, lock_key),
             })

@@ -86,13 +86,7 @@ pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
 /// agent cannot cost a connection. Text without lone surrogates parses
 /// exactly as with [`from_slice`].
 pub fn from_slice_lossy<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonError> {
-    match serde_json::from_slice(bytes) {
-        Ok(value) => Ok(value),
-        Err(error) => match replace_lone_surrogates(bytes) {
-            Some(replaced) => Ok(serde_json::from_slice(&replaced)?),
-            None => Err(error.into()),
-        },
-    }
+    from_slice_borrowed::<T, T>(bytes, |value| value)
 }
 
 /// [`from_slice_lossy`] for fields read as [`Text`]: `T` borrows every
@@ -125,6 +119,16 @@ pub(crate) enum Text<'a> {
     Borrowed(&'a str),
     /// The unescaped string.
     Owned(String),
+}
+
+impl Text<'_> {
+    /// The string.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Text::Borrowed(text) => text,
+            Text::Owned(text) => text,
+        }
+    }
 }
 
 impl From<String> for Text<'_> {
