@@ -495,22 +495,36 @@ fn reconnect_order(lines: &[String], name: &str) -> bool {
     true
 }
 
-/// Waits (a little) for MONITOR to have printed what it saw, then checks
-/// the order for every process it saw connect; at least one must have
-/// been seen.
-fn assert_reconnect_order(monitor: &Monitor) {
+/// Whether MONITOR has seen all it needs for a verdict: master's
+/// POSITIONs, and something published on the last publishing connection
+/// of every process it saw connect one.
+fn monitor_settled(lines: &[String]) -> bool {
+    let positions = lines
+        .iter()
+        .any(|line| line.contains("\"POSITION events master"));
+    positions
+        && ["worker1", "master"].into_iter().all(|name| {
+            let setname = format!("\"CLIENT\" \"SETNAME\" \"{name}-pub\"");
+            let Some(last) = lines.iter().rposition(|line| line.contains(&setname)) else {
+                return true;
+            };
+            let addr = monitor_addr(&lines[last]);
+            lines[last..]
+                .iter()
+                .any(|line| monitor_addr(line) == addr && line.contains("\"PUBLISH\""))
+        })
+}
+
+/// Keeps the processes running (a process may not have published yet
+/// when the test's condition held) until MONITOR has seen what it needs,
+/// or a few seconds passed; then checks the order for every process it
+/// saw connect. At least one must have been seen.
+async fn assert_reconnect_order(runtime: &Rt, nodes: &mut [&mut Node], monitor: &Monitor) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut lines = monitor.lines();
-    let published = |lines: &[String]| {
-        lines
-            .iter()
-            .filter(|line| line.contains("\"POSITION events master"))
-            .count()
-    };
-    while published(&lines) == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        lines = monitor.lines();
+    while !monitor_settled(&monitor.lines()) && Instant::now() < deadline {
+        run_for(runtime, nodes, Duration::from_millis(20)).await;
     }
+    let lines = monitor.lines();
     let seen: Vec<bool> = ["worker1", "master"]
         .into_iter()
         .map(|name| reconnect_order(&lines, name))
@@ -593,7 +607,7 @@ async fn restart_scenario(runtime: Rt, kill: bool) {
     for delay in master.retry_delays.iter().chain(&worker.retry_delays) {
         assert!(*delay <= Duration::from_secs(5), "{delay:?}");
     }
-    assert_reconnect_order(&monitor);
+    assert_reconnect_order(&runtime, &mut [&mut master, &mut worker], &monitor).await;
 }
 
 #[test]
