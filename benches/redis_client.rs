@@ -69,21 +69,9 @@ fn main() {
 /// What Redis writes to the subscriber once both channels are confirmed:
 /// the mix as `message`s, then the sentinel.
 fn messages() -> Vec<u8> {
-    let lines = flood::mix::lines(&flood::mix::items(MESSAGES, 42));
-    let user_ip = format!("{CHANNEL}/USER_IP");
-    let mut buf = BytesMut::new();
-    let sentinel = (false, Bytes::from_static(SENTINEL.as_bytes()));
-    for (is_user_ip, line) in lines.iter().chain([&sentinel]) {
-        let channel = if *is_user_ip { &user_ip } else { CHANNEL };
-        Frame::Array(vec![
-            Frame::bulk("message"),
-            Frame::bulk(channel.to_owned()),
-            Frame::bulk(line.clone()),
-        ])
-        .encode(&mut buf)
-        .expect("messages encode");
-    }
-    buf.to_vec()
+    let mut lines = flood::mix::lines(&flood::mix::items(MESSAGES, 42));
+    lines.push((false, Bytes::from_static(SENTINEL.as_bytes())));
+    flood::mix::messages(&lines, CHANNEL)
 }
 
 /// A loopback server: each connection gets Redis' answers to what it

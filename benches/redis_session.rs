@@ -24,7 +24,6 @@
 //! per message for each (`REDIS_SESSION_REPORT=0` skips that).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,7 +34,6 @@ use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{self, Frame, Incoming};
 use synapse_replication::session::{RedisEvent, RedisLink, RedisOptions, RedisSession};
 use synapse_replication::wire::{self, Command, InstanceName};
-use synapse_replication::writers::StreamWriters;
 
 #[path = "../examples/flood.rs"]
 #[allow(dead_code, unused_imports)]
@@ -92,27 +90,11 @@ fn input() -> &'static Input {
     static INPUT: std::sync::OnceLock<Input> = std::sync::OnceLock::new();
     INPUT.get_or_init(|| {
         let lines = mix::lines(&mix::items(MESSAGES, 42));
-        let user_ip = format!("{CHANNEL}/USER_IP");
-        let mut buf = BytesMut::new();
-        for (is_user_ip, line) in &lines {
-            let channel = if *is_user_ip { &user_ip } else { CHANNEL };
-            Frame::Array(vec![
-                Frame::bulk("message"),
-                Frame::bulk(channel.to_owned()),
-                Frame::bulk(line.clone()),
-            ])
-            .encode(&mut buf)
-            .expect("messages encode");
-        }
         Input {
-            wire: buf.to_vec(),
+            wire: mix::messages(&lines, CHANNEL),
             messages: lines.len(),
         }
     })
-}
-
-fn registry() -> Arc<StreamWriters> {
-    Arc::new(StreamWriters::default().with_redis(true))
 }
 
 /// A session as `drain` has it once ready: subscribed to the channel and
@@ -124,8 +106,8 @@ fn ready_session(now: Instant) -> RedisSession {
     let me = InstanceName::from("drain");
     let mut session = RedisSession::new(
         options,
-        Follower::new(me.clone(), registry()),
-        Writer::new(me, registry()),
+        Follower::new(me.clone(), mix::registry()),
+        Writer::new(me, mix::registry()),
     );
     session.connect(RedisLink::Subscriber, now);
     session.connect(RedisLink::Publisher, now);
@@ -209,7 +191,7 @@ fn run_stages(wire: &[u8], decode: bool, follower: Option<&mut Follower>) -> usi
 }
 
 fn follower() -> Follower {
-    let mut follower = Follower::new(InstanceName::from("drain"), registry());
+    let mut follower = Follower::new(InstanceName::from("drain"), mix::registry());
     follower.connected();
     follower
 }

@@ -56,6 +56,7 @@ pub mod mix {
 
     use bytes::{Bytes, BytesMut};
     use synapse_replication::positions::Writer;
+    use synapse_replication::resp::Frame;
     use synapse_replication::wire::{
         Command, FederationAck, InstanceName, LockReleased, RawRow, StreamName, Token, UserIp,
         UserSync,
@@ -419,6 +420,24 @@ pub mod mix {
             .into_iter()
             .map(|(user_ip, start, end)| (user_ip, all.slice(start..end)))
             .collect()
+    }
+
+    /// `lines` as Redis delivers them to a RESP2 subscriber of `channel`
+    /// and `channel/USER_IP`: one pub/sub `message` each.
+    pub fn messages(lines: &[(bool, Bytes)], channel: &str) -> Vec<u8> {
+        let user_ip = format!("{channel}/USER_IP");
+        let mut buf = BytesMut::new();
+        for (is_user_ip, line) in lines {
+            let channel = if *is_user_ip { &user_ip } else { channel };
+            Frame::Array(vec![
+                Frame::bulk("message"),
+                Frame::bulk(channel.to_owned()),
+                Frame::bulk(line.clone()),
+            ])
+            .encode(&mut buf)
+            .expect("messages encode");
+        }
+        buf.to_vec()
     }
 
     pub fn encode(command: &Command) -> Bytes {
