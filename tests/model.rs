@@ -5,6 +5,11 @@
 //! clock. Each writer keeps its log; catch-ups read from those logs, in
 //! pages of random size, and sometimes fail.
 //!
+//! A writer can also *blip*, as a Synapse writer does when its own Redis
+//! connections drop: it goes on writing, what it publishes meanwhile is
+//! lost, and on reconnecting it publishes `REPLICATE`, its latest rows
+//! again, then its positions; nothing on the wire shows the gap.
+//!
 //! After every step, for every follower and every (stream, writer) it
 //! tracks: the rows delivered are exactly the writer's rows up to the
 //! follower's position for that writer, once each, in token order (so the
@@ -25,7 +30,9 @@ use serde_json::json;
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, Writer,
 };
-use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName, Token};
+use synapse_replication::wire::{
+    Command, InstanceName, RawRow, Rdata, RdataToken, StreamName, Token,
+};
 use synapse_replication::writers::{StreamWriters, WriterRegistry};
 
 const NAMES: [&str; 4] = ["master", "w1", "w2", "f1"];
@@ -84,6 +91,10 @@ enum Op {
     Disconnect { p: usize },
     /// Process `p` connects again (if disconnected).
     Reconnect { p: usize },
+    /// Process `p` loses its connections without its writer noticing
+    /// (what it publishes is lost), or comes back from that as Synapse
+    /// does.
+    Blip { p: usize },
     /// The clock moves.
     Tick { ms: u16 },
     /// Process `p` answers one of its outstanding catch-ups with a page of
@@ -106,6 +117,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Duplicate { from, to }),
         1 => p.clone().prop_map(|p| Op::Disconnect { p }),
         2 => p.clone().prop_map(|p| Op::Reconnect { p }),
+        1 => p.clone().prop_map(|p| Op::Blip { p }),
         1 => (0..3000u16).prop_map(|ms| Op::Tick { ms }),
         4 => (p, any::<u8>(), 0..6u8, prop::bool::weighted(0.15))
             .prop_map(|(p, which, page, fail)| Op::CatchUp { p, which, page, fail }),
@@ -117,6 +129,9 @@ struct Process {
     writer: Writer,
     follower: Follower,
     up: bool,
+    /// Blipped: its writer thinks it is connected, but what it publishes
+    /// is lost.
+    muted: bool,
     /// What this process wrote, per stream.
     logs: HashMap<StreamName, Vec<(Token, RawRow)>>,
     /// Its current token, per stream it writes.
@@ -168,6 +183,7 @@ impl World {
                 writer,
                 follower,
                 up: false,
+                muted: false,
                 logs: HashMap::new(),
                 current,
                 delivered: HashMap::new(),
@@ -199,6 +215,9 @@ impl World {
     /// Publishes what `p`'s writer has to send.
     fn publish(&mut self, p: usize) {
         while let Some(command) = self.processes[p].writer.poll_command() {
+            if self.processes[p].muted {
+                continue;
+            }
             assert!(
                 self.processes[p].up,
                 "a disconnected writer sent {command:?}"
@@ -236,9 +255,13 @@ impl World {
                 FollowerEvent::CatchUp(request) => {
                     prop_assert!(request.from < request.to, "{request}");
                     prop_assert!(
-                        !process.catch_ups.iter().any(|c| c.stream == request.stream),
-                        "two catch-ups for {}",
-                        request.stream
+                        !process
+                            .catch_ups
+                            .iter()
+                            .any(|c| c.stream == request.stream && c.writer == request.writer),
+                        "two catch-ups for {} {}",
+                        request.stream,
+                        request.writer
                     );
                     process.catch_ups.push(request);
                 }
@@ -258,7 +281,7 @@ impl World {
     fn reconnect(&mut self, p: usize) {
         let now = self.now;
         let process = &mut self.processes[p];
-        if process.up {
+        if process.up || process.muted {
             return;
         }
         process.up = true;
@@ -279,6 +302,67 @@ impl World {
         for from in 0..NAMES.len() {
             self.bus.remove(&(from, p));
         }
+    }
+
+    /// A writer blip, or the end of one.
+    fn blip(&mut self, p: usize) {
+        let process = &mut self.processes[p];
+        if !process.muted {
+            if process.up {
+                process.muted = true;
+                process.up = false;
+                process.follower.disconnected();
+                for from in 0..NAMES.len() {
+                    self.bus.remove(&(from, p));
+                }
+            }
+            return;
+        }
+        // Back, as Synapse comes back: REPLICATE, the latest rows of each
+        // stream again, then its positions (its answer to REPLICATE).
+        process.muted = false;
+        process.up = true;
+        process.follower.connected();
+        let mut commands = vec![Command::Replicate];
+        for stream in streams_of(p) {
+            let Some(log) = process.logs.get(&stream) else {
+                continue;
+            };
+            let Some((last, _)) = log.last() else {
+                continue;
+            };
+            let rows: Vec<&RawRow> = log
+                .iter()
+                .filter(|(t, _)| t == last)
+                .map(|(_, r)| r)
+                .collect();
+            for (i, row) in rows.iter().enumerate() {
+                let token = if i + 1 == rows.len() {
+                    RdataToken::At(*last)
+                } else {
+                    RdataToken::Batch
+                };
+                commands.push(Command::Rdata(Rdata {
+                    stream: stream.clone(),
+                    instance: process.name.clone(),
+                    token,
+                    row: (*row).clone(),
+                }));
+            }
+        }
+        for command in commands {
+            for q in 0..NAMES.len() {
+                if self.processes[q].up {
+                    self.bus
+                        .entry((p, q))
+                        .or_default()
+                        .push_back(command.clone());
+                }
+            }
+        }
+        let now = self.now;
+        self.processes[p].writer.handle_replicate(now);
+        self.publish(p);
     }
 
     fn next_token(&mut self, p: usize, stream: &StreamName) -> Token {
@@ -452,6 +536,10 @@ impl World {
                 self.reconnect(p);
                 self.settle(p)?;
             }
+            Op::Blip { p } => {
+                self.blip(p);
+                self.settle(p)?;
+            }
             Op::Tick { ms } => self.tick(ms)?,
             Op::CatchUp {
                 p,
@@ -512,6 +600,9 @@ impl World {
     /// Heals the bus and runs until nothing moves.
     fn heal(&mut self) -> Result<(), TestCaseError> {
         for p in 0..NAMES.len() {
+            if self.processes[p].muted {
+                self.blip(p);
+            }
             self.reconnect(p);
             self.settle(p)?;
         }

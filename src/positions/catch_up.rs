@@ -97,6 +97,12 @@ fn quote_into(out: &mut String, s: &str) {
 /// `updates` are the rows with tokens in `(from, upto]`, sorted by token;
 /// rows sharing a token are one batch. When `limited`, more rows follow: the
 /// follower asks again from `upto`.
+///
+/// Synapse does not always keep to the range: its `caches` answers hold
+/// rows above `upto_token` ("cache invalidations are idempotent"), and a
+/// limited `caches` page may reach beyond the `upto_token` asked for. The
+/// follower skips rows outside what it asked for (see
+/// [`Follower::handle_catch_up`](super::Follower::handle_catch_up)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CatchUpPage {
     /// `(token, row)` pairs, sorted by token.
@@ -173,18 +179,6 @@ pub enum CatchUpError {
     /// a retry, or never made).
     #[error("no outstanding catch-up {0}")]
     UnknownId(CatchUpId),
-    /// A row's token is outside the range asked for.
-    #[error("catch-up {id}: row token {token} outside ({from}, {to}]")]
-    RowOutOfRange {
-        /// The request.
-        id: CatchUpId,
-        /// The row's token.
-        token: Token,
-        /// The range asked for (exclusive).
-        from: Token,
-        /// The range asked for (inclusive).
-        to: Token,
-    },
     /// Rows are not sorted by token.
     #[error("catch-up {id}: row token {token} after {previous}")]
     RowsOutOfOrder {
@@ -196,10 +190,8 @@ pub enum CatchUpError {
         previous: Token,
     },
     /// A `limited` page whose `upto` does not move past the request's start
-    /// or falls below its own rows (asking again would loop or repeat rows).
-    #[error(
-        "catch-up {id}: limited page with upto {upto} does not advance past {from} and its rows"
-    )]
+    /// (asking again would loop).
+    #[error("catch-up {id}: limited page with upto {upto} does not advance past {from}")]
     NoProgress {
         /// The request.
         id: CatchUpId,

@@ -277,11 +277,10 @@ pub enum SeedError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FollowerLimits {
-    /// Commands of one stream held while a catch-up for it is outstanding
+    /// Commands of one writer held while a catch-up of it is outstanding
     /// (default 10 000). Beyond, the held commands are folded into one
-    /// summary per writer (its last token, and whether a batch was open),
-    /// which turns into a catch-up up to that token once the current one
-    /// completes.
+    /// summary (its last token, and whether a batch was open), which turns
+    /// into a catch-up up to that token once the current one completes.
     pub max_queued_commands: usize,
     /// `batch` rows held for one writer until their numbered row (default
     /// 10 000). Beyond, the batch is dropped and its numbered row triggers a
@@ -351,6 +350,13 @@ pub struct FollowerCounters {
     pub batch_overflows: u64,
     /// Held commands dropped because the connection was lost.
     pub dropped_on_disconnect: u64,
+    /// `REPLICATE`s seen (each makes every writer's next command checked).
+    pub replicates: u64,
+    /// Commands after a `REPLICATE` that moved a writer forward and so
+    /// were checked by a catch-up rather than trusted.
+    pub unproven_checked: u64,
+    /// Catch-up rows outside the range asked for, skipped.
+    pub catch_up_rows_skipped: u64,
 }
 
 /// Follows replication streams: the positions half of Synapse's
@@ -366,8 +372,8 @@ pub struct FollowerCounters {
 ///    Redis: once the subscription is confirmed), and
 ///    [`Follower::disconnected`] when it is lost.
 /// 3. Feed every received command to [`Follower::handle_command`], in the
-///    order received. Only `RDATA` and `POSITION` matter; the rest is
-///    ignored.
+///    order received. Only `RDATA`, `POSITION` and `REPLICATE` matter;
+///    the rest is ignored.
 /// 4. After every input, drain [`Follower::poll_event`] until `None` and
 ///    act on each event in order: apply rows, record positions, start the
 ///    catch-ups asked for.
@@ -388,10 +394,29 @@ pub struct FollowerCounters {
 ///   from `current` to `new`. For streams whose tokens only grow, a
 ///   `POSITION` with `new <= current` changes nothing; for the others it is
 ///   a reset (the position restarts from 0).
-/// - While a catch-up for a stream is outstanding, that stream's commands
-///   wait, in order, and are processed when it completes.
+/// - While a catch-up of a writer is outstanding, that writer's commands
+///   on the stream wait, in order, and are processed when it completes.
+///   Other writers, and other streams, go on.
+/// - Catch-up rows outside the range asked for are skipped, not refused
+///   (see [`Follower::handle_catch_up`]).
 /// - Commands from instances the [`WriterRegistry`] does not list as
 ///   writers of the stream are rejected (Synapse does not check this).
+///
+/// # A writer that lost its own connection
+///
+/// A Synapse writer whose Redis connection drops while it keeps writing
+/// loses what it publishes meanwhile. On reconnecting it publishes
+/// `REPLICATE`, may publish `RDATA` at its latest token, then
+/// `POSITION t t`; nothing on the wire shows the gap, and Synapse's own
+/// followers lose those rows. This follower does not: a `REPLICATE` (which
+/// names no sender) makes the next command of every writer unproven. Its
+/// next numbered `RDATA` above its position is fetched by a catch-up up to
+/// that token instead of being applied, and its next `POSITION` above its
+/// position is caught up to whatever its `prev` says. Commands held behind
+/// a catch-up keep their place relative to the `REPLICATE`. The cost is at
+/// most one catch-up per writer that moves forward right after a
+/// `REPLICATE`; what a writer publishes after its `REPLICATE` reaches every
+/// connected subscriber, so one check per writer is enough.
 ///
 /// Deliberate differences from Synapse: connection state and `batch` rows
 /// are kept per (stream, writer), not per stream, so that a `POSITION` of
@@ -400,7 +425,10 @@ pub struct FollowerCounters {
 /// reset fetches the rows of the writer's new life (Synapse's catch-up asks
 /// for the empty range `(current, new]`); a batch whose first rows were
 /// dropped (before the writer's `POSITION`, or over a limit) is fetched by a
-/// catch-up instead of being delivered incomplete.
+/// catch-up instead of being delivered incomplete; catch-ups and held
+/// commands are per writer, not per stream, so one writer's failing
+/// catch-up holds back no other; and `REPLICATE` is taken as a sign of a
+/// possible gap (above).
 ///
 /// # Performance and memory
 ///
@@ -499,12 +527,26 @@ impl Streams {
         self.known.iter().chain(self.others.iter())
     }
 
-    fn catch_up_slot(&self, id: CatchUpId) -> Option<Slot> {
-        let has = |s: &StreamState| s.catch_up.as_ref().is_some_and(|c| c.id == id);
-        if let Some(i) = self.known.iter().position(has) {
-            return Some(Slot::Known(i));
-        }
-        self.others.iter().position(has).map(Slot::Other)
+    /// The stream and writer whose catch-up has this id.
+    fn find_catch_up(&self, id: CatchUpId) -> Option<(Slot, usize)> {
+        let find = |s: &StreamState| {
+            s.writers
+                .iter()
+                .position(|w| w.catch_up().is_some_and(|c| c.id == id))
+        };
+        let known = self
+            .known
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Slot::Known(i), s));
+        let others = self
+            .others
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Slot::Other(i), s));
+        known
+            .chain(others)
+            .find_map(|(slot, s)| find(s).map(|wi| (slot, wi)))
     }
 }
 
@@ -546,10 +588,6 @@ struct StreamState {
     /// Positions in `writers` by name, once there are more than
     /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
     index: Option<HashMap<InstanceName, usize>>,
-    catch_up: Option<CatchUp>,
-    queue: VecDeque<Queued>,
-    /// Entries of `queue` that are commands (not folds).
-    queued_commands: usize,
 }
 
 struct WriterState {
@@ -562,11 +600,30 @@ struct WriterState {
     /// Rows of the writer's open batch were lost: its numbered row must be
     /// fetched rather than applied.
     batch_cut: bool,
+    /// A `REPLICATE` came since this writer's last command: it may be the
+    /// writer's own, sent on reconnecting after rows it wrote were lost, so
+    /// its next command is checked by a catch-up rather than trusted.
+    unproven: bool,
     batch: Vec<RawRow>,
     batch_bytes: usize,
+    /// The writer's outstanding catch-up and the commands held behind it.
+    pending: Option<Box<Pending>>,
 }
 
 impl WriterState {
+    fn new(name: InstanceName) -> WriterState {
+        WriterState {
+            name,
+            position: None,
+            connected: false,
+            batch_cut: false,
+            unproven: false,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            pending: None,
+        }
+    }
+
     /// Drops the pending batch; returns how many rows it had.
     fn clear_batch(&mut self, ctx: &mut Ctx) -> usize {
         let rows = self.batch.len();
@@ -576,11 +633,27 @@ impl WriterState {
         self.batch = Vec::new();
         rows
     }
+
+    fn catch_up(&self) -> Option<&CatchUp> {
+        self.pending.as_ref()?.catch_up.as_ref()
+    }
+
+    fn queued_commands(&self) -> usize {
+        self.pending.as_ref().map_or(0, |p| p.queued_commands)
+    }
+}
+
+/// One writer's catch-up, and its commands that wait for it.
+struct Pending {
+    /// `None` only while the queue is being processed after a catch-up.
+    catch_up: Option<CatchUp>,
+    queue: VecDeque<Queued>,
+    /// Entries of `queue` that are commands (not folds).
+    queued_commands: usize,
 }
 
 struct CatchUp {
     id: CatchUpId,
-    writer: InstanceName,
     /// Rows above this token are asked for.
     cursor: Token,
     to: Token,
@@ -592,6 +665,7 @@ struct CatchUp {
 enum Queued {
     Rdata(Rdata),
     Position(Position),
+    Replicate,
     Fold(Fold),
 }
 
@@ -599,14 +673,14 @@ impl Queued {
     fn bytes(&self) -> usize {
         match self {
             Queued::Rdata(rdata) => rdata.row.as_bytes().len(),
-            Queued::Position(_) | Queued::Fold(_) => 0,
+            Queued::Position(_) | Queued::Replicate | Queued::Fold(_) => 0,
         }
     }
 }
 
 /// What a writer's folded commands amounted to.
+#[derive(Default)]
 struct Fold {
-    writer: InstanceName,
     /// The new token of its first folded `POSITION`.
     baseline: Option<Token>,
     /// Its last token: the last `POSITION`'s, or a higher `RDATA`'s.
@@ -614,6 +688,38 @@ struct Fold {
     /// Whether its last folded `RDATA` was a `batch` row (`None`: no
     /// `RDATA` was folded).
     open_batch: Option<bool>,
+    /// A `REPLICATE` was folded after its last token.
+    unproven: bool,
+}
+
+impl Fold {
+    fn absorb(&mut self, item: Queued) {
+        match item {
+            Queued::Rdata(rdata) => match rdata.token {
+                RdataToken::Batch => self.open_batch = Some(true),
+                RdataToken::At(token) => {
+                    self.last = Some(self.last.map_or(token, |last| last.max(token)));
+                    self.open_batch = Some(false);
+                    // The fold's catch-up reaches this token.
+                    self.unproven = false;
+                }
+            },
+            Queued::Position(position) => {
+                // As when processed: the POSITION does not close an open batch.
+                self.baseline = self.baseline.or(Some(position.new_token));
+                self.last = Some(position.new_token);
+                self.unproven = false;
+            }
+            Queued::Replicate => self.unproven = true,
+            // A fold only ever heads the queue it is folded with.
+            Queued::Fold(earlier) => {
+                self.baseline = self.baseline.or(earlier.baseline);
+                self.last = earlier.last.or(self.last);
+                self.open_batch = earlier.open_batch.or(self.open_batch);
+                self.unproven |= earlier.unproven;
+            }
+        }
+    }
 }
 
 impl StreamState {
@@ -623,9 +729,6 @@ impl StreamState {
             name,
             writers: Vec::new(),
             index: None,
-            catch_up: None,
-            queue: VecDeque::new(),
-            queued_commands: 0,
         }
     }
 
@@ -677,6 +780,41 @@ impl StreamState {
         Some(removed)
     }
 
+    /// Commands held behind this stream's catch-ups.
+    fn queued_commands(&self) -> usize {
+        self.writers.iter().map(WriterState::queued_commands).sum()
+    }
+
+    /// Whether writer `wi` has a catch-up outstanding or commands held.
+    fn is_pending(&self, wi: usize) -> bool {
+        self.writers.get(wi).is_some_and(|w| w.pending.is_some())
+    }
+
+    /// Processes a command of writer `wi` now, or holds it behind the
+    /// writer's catch-up.
+    fn handle(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        if self.is_pending(wi) {
+            self.enqueue(wi, item, ctx);
+        } else {
+            self.process(wi, item, ctx);
+        }
+    }
+
+    fn process(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        match item {
+            Queued::Rdata(rdata) => self.process_rdata(wi, rdata, ctx),
+            Queued::Position(position) => {
+                self.process_position(wi, position.prev_token, position.new_token, false, ctx)
+            }
+            Queued::Replicate => {
+                if let Some(w) = self.writers.get_mut(wi) {
+                    w.unproven = w.position.is_some();
+                }
+            }
+            Queued::Fold(fold) => self.process_fold(wi, fold, ctx),
+        }
+    }
+
     fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let Some(w) = self.writers.get_mut(wi) else {
             return;
@@ -693,7 +831,8 @@ impl StreamState {
         let token = match rdata.token {
             RdataToken::At(token) => token,
             RdataToken::Batch => {
-                if w.batch_cut {
+                if w.batch_cut || w.unproven {
+                    // Its numbered row is fetched, with the whole batch.
                     ctx.counters.batch_rows_discarded += 1;
                     return;
                 }
@@ -713,6 +852,16 @@ impl StreamState {
                 return;
             }
         };
+        if w.unproven && token > position {
+            // Rows the writer wrote before this one may never have been
+            // published: fetch up to it rather than apply it.
+            w.unproven = false;
+            w.batch_cut = false;
+            w.clear_batch(ctx);
+            ctx.counters.unproven_checked += 1;
+            self.start_catch_up(wi, position, token, ctx);
+            return;
+        }
         if w.batch_cut {
             w.batch_cut = false;
             w.clear_batch(ctx);
@@ -750,13 +899,16 @@ impl StreamState {
     }
 
     /// Whether a `POSITION` can be dropped unseen (Synapse's
-    /// `can_discard_position` on a connected stream).
+    /// `can_discard_position` on a connected stream). One at the writer's
+    /// position after a `REPLICATE` is kept: it proves the writer lost
+    /// nothing.
     fn discardable(&self, wi: usize, new: Token) -> bool {
         self.monotonic
-            && self
-                .writers
-                .get(wi)
-                .is_some_and(|w| w.connected && w.position.is_some_and(|p| new <= p))
+            && self.writers.get(wi).is_some_and(|w| {
+                w.connected
+                    && w.position
+                        .is_some_and(|p| new < p || (new == p && !w.unproven))
+            })
     }
 
     /// `POSITION prev new`, or (`forced`) a fold's summary, which always
@@ -787,6 +939,7 @@ impl StreamState {
             // A writer never seen: start from its announced position.
             w.position = Some(new);
             w.connected = ctx.connected;
+            w.unproven = false;
             self.push_position(wi, new, ctx);
             return;
         };
@@ -808,7 +961,14 @@ impl StreamState {
                 new,
             });
         }
-        if current == new || (!forced && prev <= current) {
+        // After a REPLICATE, `prev` does not prove that nothing was missed:
+        // the writer may have lost what it published before reconnecting.
+        let trusted = !forced && !w.unproven;
+        if w.unproven && current < new {
+            ctx.counters.unproven_checked += 1;
+        }
+        w.unproven = false;
+        if current == new || (trusted && prev <= current) {
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
@@ -837,13 +997,24 @@ impl StreamState {
         w.connected = false;
         let id = ctx.next_id();
         ctx.counters.catch_ups_requested += 1;
-        self.catch_up = Some(CatchUp {
+        let catch_up = CatchUp {
             id,
-            writer: w.name.clone(),
             cursor: from,
             to,
             epoch: ctx.epoch,
-        });
+        };
+        match &mut w.pending {
+            // Started while the writer's held commands are processed: the
+            // rest of them wait for this one.
+            Some(pending) => pending.catch_up = Some(catch_up),
+            None => {
+                w.pending = Some(Box::new(Pending {
+                    catch_up: Some(catch_up),
+                    queue: VecDeque::new(),
+                    queued_commands: 0,
+                }))
+            }
+        }
         ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
             id,
             stream: self.name.clone(),
@@ -853,36 +1024,32 @@ impl StreamState {
         }));
     }
 
-    fn enqueue(&mut self, item: Queued, ctx: &mut Ctx) {
+    fn enqueue(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        let Some(pending) = self.writers.get_mut(wi).and_then(|w| w.pending.as_mut()) else {
+            return;
+        };
         let bytes = item.bytes();
-        if self.queued_commands >= ctx.limits.max_queued_commands
+        if pending.queued_commands >= ctx.limits.max_queued_commands
             || ctx.buffered_bytes.saturating_add(bytes) > ctx.limits.max_buffered_bytes
         {
+            // Replaces the queue (and `item`) by one summary.
             ctx.counters.queue_overflows += 1;
-            self.fold(item, ctx);
+            let mut fold = Fold::default();
+            for held in mem::take(&mut pending.queue) {
+                ctx.buffered_bytes -= held.bytes();
+                fold.absorb(held);
+            }
+            fold.absorb(item);
+            pending.queued_commands = 0;
+            pending.queue.push_back(Queued::Fold(fold));
             return;
         }
         ctx.buffered_bytes += bytes;
-        self.queued_commands += 1;
-        self.queue.push_back(item);
+        pending.queued_commands += 1;
+        pending.queue.push_back(item);
     }
 
-    /// Replaces the queue (and `incoming`) by one summary per writer.
-    fn fold(&mut self, incoming: Queued, ctx: &mut Ctx) {
-        let mut folds: Vec<Fold> = Vec::new();
-        for item in mem::take(&mut self.queue) {
-            ctx.buffered_bytes -= item.bytes();
-            absorb(&mut folds, item);
-        }
-        absorb(&mut folds, incoming);
-        self.queued_commands = 0;
-        self.queue = folds.into_iter().map(Queued::Fold).collect();
-    }
-
-    fn process_fold(&mut self, fold: Fold, ctx: &mut Ctx) {
-        let Some(wi) = self.writer_index(&fold.writer) else {
-            return;
-        };
+    fn process_fold(&mut self, wi: usize, fold: Fold, ctx: &mut Ctx) {
         if self.writers.get(wi).is_some_and(|w| w.position.is_none()) {
             // Its commands before its first POSITION would have been dropped.
             let Some(baseline) = fold.baseline else {
@@ -893,72 +1060,74 @@ impl StreamState {
         if let Some(last) = fold.last {
             self.process_position(wi, last, last, true, ctx);
         }
-        if let (Some(w), Some(open_batch)) = (self.writers.get_mut(wi), fold.open_batch) {
-            w.batch_cut = open_batch;
+        if let Some(w) = self.writers.get_mut(wi) {
+            if let Some(open_batch) = fold.open_batch {
+                w.batch_cut = open_batch;
+            }
+            w.unproven |= fold.unproven && w.position.is_some();
         }
     }
 
-    /// Processes held commands until the queue is empty or a catch-up starts.
-    fn drain(&mut self, ctx: &mut Ctx) {
-        while self.catch_up.is_none() {
-            let Some(item) = self.queue.pop_front() else {
-                break;
+    /// Processes writer `wi`'s held commands until none is left or a
+    /// catch-up starts.
+    fn drain(&mut self, wi: usize, ctx: &mut Ctx) {
+        loop {
+            let Some(w) = self.writers.get_mut(wi) else {
+                return;
+            };
+            let Some(pending) = w.pending.as_mut() else {
+                return;
+            };
+            if pending.catch_up.is_some() {
+                return;
+            }
+            let Some(item) = pending.queue.pop_front() else {
+                w.pending = None;
+                return;
             };
             ctx.buffered_bytes -= item.bytes();
-            match item {
-                Queued::Rdata(rdata) => {
-                    self.queued_commands -= 1;
-                    if let Some(wi) = self.writer_index(&rdata.instance) {
-                        self.process_rdata(wi, rdata, ctx);
-                    }
-                }
-                Queued::Position(position) => {
-                    self.queued_commands -= 1;
-                    if let Some(wi) = self.writer_index(&position.instance) {
-                        self.process_position(
-                            wi,
-                            position.prev_token,
-                            position.new_token,
-                            false,
-                            ctx,
-                        );
-                    }
-                }
-                Queued::Fold(fold) => self.process_fold(fold, ctx),
+            if !matches!(item, Queued::Fold(_)) {
+                pending.queued_commands -= 1;
             }
+            self.process(wi, item, ctx);
         }
     }
 
-    fn finish_catch_up(&mut self, ctx: &mut Ctx) {
-        let Some(catch_up) = self.catch_up.take() else {
+    fn finish_catch_up(&mut self, wi: usize, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.take()) else {
             return;
         };
         ctx.counters.catch_ups_completed += 1;
-        if let Some(wi) = self.writer_index(&catch_up.writer) {
-            if let Some(w) = self.writers.get_mut(wi) {
-                w.position = Some(catch_up.to);
-                w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
-            }
-            self.push_position(wi, catch_up.to, ctx);
-        }
-        self.drain(ctx);
+        w.position = Some(catch_up.to);
+        w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
+        self.push_position(wi, catch_up.to, ctx);
+        self.drain(wi, ctx);
     }
 
-    fn apply_page(&mut self, page: CatchUpPage, ctx: &mut Ctx) -> Result<(), CatchUpError> {
-        let Some(catch_up) = self.catch_up.as_mut() else {
+    /// Applies a page of writer `wi`'s catch-up.
+    ///
+    /// Rows outside what was asked for are skipped, not refused: Synapse
+    /// answers `caches` beyond `upto_token` on purpose (its
+    /// `get_all_updated_caches`), and rows above the range reach the
+    /// follower live, after the command that asked for the range.
+    fn apply_page(
+        &mut self,
+        wi: usize,
+        page: CatchUpPage,
+        ctx: &mut Ctx,
+    ) -> Result<(), CatchUpError> {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return Ok(());
+        };
+        let Some(catch_up) = w.catch_up() else {
             return Ok(());
         };
         let (id, from, to) = (catch_up.id, catch_up.cursor, catch_up.to);
         let mut previous: Option<Token> = None;
         for (token, _) in &page.updates {
-            if *token <= from || *token > to {
-                return Err(CatchUpError::RowOutOfRange {
-                    id,
-                    token: *token,
-                    from,
-                    to,
-                });
-            }
             if let Some(previous) = previous.filter(|p| token < p) {
                 return Err(CatchUpError::RowsOutOfOrder {
                     id,
@@ -969,26 +1138,29 @@ impl StreamState {
             previous = Some(*token);
         }
         let done = !page.limited || page.upto >= to;
-        if !done && (page.upto <= from || previous.is_some_and(|last| page.upto < last)) {
+        if !done && page.upto <= from {
             return Err(CatchUpError::NoProgress {
                 id,
                 upto: page.upto,
                 from,
             });
         }
+        // Rows above a limited page's `upto` come again with the next page.
+        let end = if done { to } else { page.upto };
 
         ctx.counters.catch_up_pages += 1;
-        let writer = catch_up.writer.clone();
-        let wi = self.writer_index(&writer);
+        let writer = w.name.clone();
         let mut updates = page.updates.into_iter().peekable();
         while let Some((token, row)) = updates.next() {
+            if token <= from || token > end {
+                ctx.counters.catch_up_rows_skipped += 1;
+                continue;
+            }
             let mut rows = Rows::one(row);
             while let Some((_, row)) = updates.next_if(|(next, _)| *next == token) {
                 rows.push(row);
             }
-            if let Some(w) = wi.and_then(|wi| self.writers.get_mut(wi)) {
-                w.position = Some(token);
-            }
+            w.position = Some(token);
             ctx.counters.rows_delivered += rows.len() as u64;
             ctx.events.push_back(FollowerEvent::Rows {
                 stream: self.name.clone(),
@@ -999,8 +1171,8 @@ impl StreamState {
             });
         }
         if done {
-            self.finish_catch_up(ctx);
-        } else if let Some(catch_up) = self.catch_up.as_mut() {
+            self.finish_catch_up(wi, ctx);
+        } else if let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.as_mut()) {
             catch_up.cursor = page.upto;
             catch_up.id = ctx.next_id();
             ctx.counters.catch_ups_requested += 1;
@@ -1013,56 +1185,6 @@ impl StreamState {
             }));
         }
         Ok(())
-    }
-}
-
-fn absorb(folds: &mut Vec<Fold>, item: Queued) {
-    let fold_for = |folds: &mut Vec<Fold>, writer: &InstanceName| -> usize {
-        match folds.iter().position(|f| f.writer == *writer) {
-            Some(index) => index,
-            None => {
-                folds.push(Fold {
-                    writer: InstanceName::from(writer.as_str()),
-                    baseline: None,
-                    last: None,
-                    open_batch: None,
-                });
-                folds.len() - 1
-            }
-        }
-    };
-    match item {
-        Queued::Rdata(rdata) => {
-            let index = fold_for(folds, &rdata.instance);
-            let Some(fold) = folds.get_mut(index) else {
-                return;
-            };
-            match rdata.token {
-                RdataToken::Batch => fold.open_batch = Some(true),
-                RdataToken::At(token) => {
-                    fold.last = Some(fold.last.map_or(token, |last| last.max(token)));
-                    fold.open_batch = Some(false);
-                }
-            }
-        }
-        Queued::Position(position) => {
-            let index = fold_for(folds, &position.instance);
-            let Some(fold) = folds.get_mut(index) else {
-                return;
-            };
-            // As when processed: the POSITION does not close an open batch.
-            fold.baseline = fold.baseline.or(Some(position.new_token));
-            fold.last = Some(position.new_token);
-        }
-        Queued::Fold(earlier) => {
-            let index = fold_for(folds, &earlier.writer);
-            let Some(fold) = folds.get_mut(index) else {
-                return;
-            };
-            fold.baseline = fold.baseline.or(earlier.baseline);
-            fold.last = earlier.last.or(fold.last);
-            fold.open_batch = earlier.open_batch.or(fold.open_batch);
-        }
     }
 }
 
@@ -1122,14 +1244,22 @@ impl Follower {
         let ctx = &mut self.ctx;
         ctx.connected = false;
         for stream in self.streams.all_mut() {
-            for item in stream.queue.drain(..) {
-                ctx.buffered_bytes -= item.bytes();
-                if !matches!(item, Queued::Fold(_)) {
-                    ctx.counters.dropped_on_disconnect += 1;
-                }
-            }
-            stream.queued_commands = 0;
             for w in &mut stream.writers {
+                if let Some(mut pending) = w.pending.take() {
+                    for item in pending.queue.drain(..) {
+                        ctx.buffered_bytes -= item.bytes();
+                        match item {
+                            Queued::Fold(fold) => w.unproven |= fold.unproven,
+                            Queued::Replicate => w.unproven = true,
+                            _ => ctx.counters.dropped_on_disconnect += 1,
+                        }
+                    }
+                    if pending.catch_up.is_some() {
+                        pending.queued_commands = 0;
+                        w.pending = Some(pending);
+                    }
+                }
+                w.unproven &= w.position.is_some();
                 w.clear_batch(ctx);
                 w.batch_cut = false;
                 w.connected = false;
@@ -1142,12 +1272,37 @@ impl Follower {
         self.ctx.connected
     }
 
-    /// Handles one received command. Only `RDATA` and `POSITION` matter.
+    /// Handles one received command. Only `RDATA`, `POSITION` and
+    /// `REPLICATE` matter.
     pub fn handle_command(&mut self, command: Command) {
         match command {
             Command::Rdata(rdata) => self.handle_rdata(rdata),
             Command::Position(position) => self.handle_position(position),
+            Command::Replicate => self.handle_replicate(),
             _ => self.ctx.counters.ignored_commands += 1,
+        }
+    }
+
+    /// Handles a received `REPLICATE`: some process (re)connected, and it
+    /// may be a writer that lost what it published while it was away
+    /// (Synapse drops it). `REPLICATE` does not say who sent it, so the
+    /// next command of every writer is checked: a numbered `RDATA` above
+    /// the writer's position is fetched through a catch-up up to its token
+    /// instead of being applied, and a `POSITION` above it is caught up to
+    /// even when its `prev` says nothing was missed.
+    ///
+    /// Over direct TCP no `REPLICATE` reaches a client; over Redis every
+    /// process hears every other's (and its own).
+    pub fn handle_replicate(&mut self) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        self.ctx.counters.replicates += 1;
+        for stream in self.streams.all_mut() {
+            for wi in 0..stream.writers.len() {
+                stream.handle(wi, Queued::Replicate, &mut self.ctx);
+            }
         }
     }
 
@@ -1180,8 +1335,8 @@ impl Follower {
         let Some(stream) = self.streams.get_mut(slot) else {
             return;
         };
-        if stream.catch_up.is_some() {
-            stream.enqueue(Queued::Rdata(rdata), &mut self.ctx);
+        if stream.is_pending(wi) {
+            stream.enqueue(wi, Queued::Rdata(rdata), &mut self.ctx);
         } else {
             stream.process_rdata(wi, rdata, &mut self.ctx);
         }
@@ -1207,8 +1362,8 @@ impl Follower {
         };
         if stream.discardable(wi, position.new_token) {
             self.ctx.counters.positions_discarded += 1;
-        } else if stream.catch_up.is_some() {
-            stream.enqueue(Queued::Position(position), &mut self.ctx);
+        } else if stream.is_pending(wi) {
+            stream.enqueue(wi, Queued::Position(position), &mut self.ctx);
         } else {
             stream.process_position(
                 wi,
@@ -1236,36 +1391,46 @@ impl Follower {
     /// Rows are delivered grouped by token ([`RowSource::CatchUp`]). A
     /// `limited` page yields a [`FollowerEvent::CatchUp`] for the next page
     /// (a new id); the last page moves the writer to the requested `to`
-    /// ([`FollowerEvent::Position`]) and processes the stream's held
-    /// commands. A page that is not consistent with the request is refused
-    /// whole and the request stays outstanding.
+    /// ([`FollowerEvent::Position`]) and processes the writer's held
+    /// commands. Rows outside what was asked for are skipped (counted in
+    /// [`FollowerCounters::catch_up_rows_skipped`]): rows above the range
+    /// arrive live after the command that asked for it, rows at or below
+    /// its start were delivered already, and Synapse's `caches` endpoint
+    /// answers beyond the range on purpose. A page with rows out of token
+    /// order, or a `limited` page that does not advance, is refused whole
+    /// and the request stays outstanding.
     pub fn handle_catch_up(
         &mut self,
         id: CatchUpId,
         page: CatchUpPage,
     ) -> Result<(), CatchUpError> {
-        let Some(slot) = self.streams.catch_up_slot(id) else {
+        let Some((slot, wi)) = self.streams.find_catch_up(id) else {
             return Err(CatchUpError::UnknownId(id));
         };
         let Some(stream) = self.streams.get_mut(slot) else {
             return Err(CatchUpError::UnknownId(id));
         };
-        stream.apply_page(page, &mut self.ctx)
+        stream.apply_page(wi, page, &mut self.ctx)
     }
 
     /// Catch-up `id` could not be fetched: it is asked again, with a new id
-    /// ([`FollowerEvent::CatchUp`]). The stream's commands keep waiting;
-    /// retrying (and backing off) is the application's choice.
+    /// ([`FollowerEvent::CatchUp`]). The writer's commands keep waiting
+    /// (other writers' and other streams' do not); retrying (and backing
+    /// off) is the application's choice.
     pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
-        let Some(stream) = self
+        let Some((stream, wi)) = self
             .streams
-            .catch_up_slot(id)
-            .and_then(|s| self.streams.get_mut(s))
+            .find_catch_up(id)
+            .and_then(|(slot, wi)| Some((self.streams.get_mut(slot)?, wi)))
         else {
             return Err(CatchUpError::UnknownId(id));
         };
         let ctx = &mut self.ctx;
-        let Some(catch_up) = stream.catch_up.as_mut() else {
+        let Some(w) = stream.writers.get_mut(wi) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let writer = w.name.clone();
+        let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.as_mut()) else {
             return Err(CatchUpError::UnknownId(id));
         };
         catch_up.id = ctx.next_id();
@@ -1274,7 +1439,7 @@ impl Follower {
         ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
             id: catch_up.id,
             stream: stream.name.clone(),
-            writer: catch_up.writer.clone(),
+            writer,
             from: catch_up.cursor,
             to: catch_up.to,
         }));
@@ -1305,12 +1470,13 @@ impl Follower {
         let Some(state) = self.streams.get_mut(slot) else {
             return Ok(());
         };
-        if state.catch_up.is_some() {
+        if state.writers.get(wi).is_some_and(|w| w.pending.is_some()) {
             return Err(SeedError::CatchUpOutstanding(stream.clone()));
         }
         if let Some(w) = state.writers.get_mut(wi) {
             w.clear_batch(ctx);
             w.batch_cut = false;
+            w.unproven = false;
             w.connected = false;
             w.position = Some(token);
         }
@@ -1320,7 +1486,7 @@ impl Follower {
     /// Stops tracking `writer` on `stream` (a worker removed from the
     /// deployment), freeing its slot under
     /// [`FollowerLimits::max_tracked_pairs`]. Returns `false`, changing
-    /// nothing, if the pair is unknown or a catch-up of its stream is
+    /// nothing, if the pair is unknown or a catch-up of it is
     /// outstanding.
     pub fn forget_writer(&mut self, stream: &StreamName, writer: &InstanceName) -> bool {
         let Some(slot) = self.streams.slot(stream) else {
@@ -1330,12 +1496,12 @@ impl Follower {
         let Some(state) = self.streams.get_mut(slot) else {
             return false;
         };
-        if state.catch_up.is_some() || !state.queue.is_empty() {
-            return false;
-        }
         let Some(wi) = state.writer_index(writer) else {
             return false;
         };
+        if state.is_pending(wi) {
+            return false;
+        }
         let Some(mut removed) = state.remove_writer(wi) else {
             return false;
         };
@@ -1382,27 +1548,32 @@ impl Follower {
             .is_some_and(|w| w.connected && self.ctx.connected)
     }
 
-    /// The catch-ups waiting for an answer (at most one per stream).
+    /// The catch-ups waiting for an answer (at most one per stream and
+    /// writer).
     pub fn outstanding_catch_ups(&self) -> Vec<CatchUpRequest> {
         self.streams
             .all()
-            .filter_map(|s| {
-                let c = s.catch_up.as_ref()?;
-                Some(CatchUpRequest {
-                    id: c.id,
-                    stream: s.name.clone(),
-                    writer: c.writer.clone(),
-                    from: c.cursor,
-                    to: c.to,
+            .flat_map(|s| {
+                s.writers.iter().filter_map(|w| {
+                    let c = w.catch_up()?;
+                    Some(CatchUpRequest {
+                        id: c.id,
+                        stream: s.name.clone(),
+                        writer: w.name.clone(),
+                        from: c.cursor,
+                        to: c.to,
+                    })
                 })
             })
             .collect()
     }
 
-    /// Commands of `stream` held behind its catch-up (folded summaries not
-    /// counted).
+    /// Commands of `stream` held behind its writers' catch-ups (folded
+    /// summaries not counted).
     pub fn queued_commands(&self, stream: &StreamName) -> usize {
-        self.streams.find(stream).map_or(0, |s| s.queued_commands)
+        self.streams
+            .find(stream)
+            .map_or(0, StreamState::queued_commands)
     }
 
     /// Every stream with commands held behind a catch-up, and how many:
@@ -1411,8 +1582,8 @@ impl Follower {
     pub fn queued_by_stream(&self) -> impl Iterator<Item = (&StreamName, usize)> {
         self.streams
             .all()
-            .filter(|s| s.queued_commands > 0)
-            .map(|s| (&s.name, s.queued_commands))
+            .map(|s| (&s.name, s.queued_commands()))
+            .filter(|(_, queued)| *queued > 0)
     }
 
     /// Row bytes held in queues and batches.
@@ -1474,14 +1645,7 @@ impl Follower {
         let Some(state) = self.streams.get_mut(slot) else {
             return Err(RejectReason::NotAWriter);
         };
-        let wi = state.add_writer(WriterState {
-            name: InstanceName::from(instance.as_str()),
-            position: None,
-            connected: false,
-            batch_cut: false,
-            batch: Vec::new(),
-            batch_bytes: 0,
-        });
+        let wi = state.add_writer(WriterState::new(InstanceName::from(instance.as_str())));
         self.ctx.pairs += 1;
         Ok((slot, wi))
     }
@@ -1523,14 +1687,7 @@ mod tests {
     #[test]
     fn many_writers_are_found_through_an_index() {
         let mut stream = StreamState::new(StreamName::Caches);
-        let new = |name: String| WriterState {
-            name: InstanceName::from(name),
-            position: None,
-            connected: false,
-            batch_cut: false,
-            batch: Vec::new(),
-            batch_bytes: 0,
-        };
+        let new = |name: String| WriterState::new(InstanceName::from(name));
         for i in 0..20 {
             assert_eq!(stream.add_writer(new(format!("w{i}"))), i);
             assert_eq!(stream.index.is_some(), i >= LINEAR_WRITERS);

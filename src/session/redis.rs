@@ -928,7 +928,12 @@ impl RedisSession {
             command @ (Command::Rdata(_) | Command::Position(_)) => {
                 self.follower.handle_command(command)
             }
-            Command::Replicate => self.writer.handle_replicate(now),
+            Command::Replicate => {
+                // The sender may be a writer back from losing its own
+                // connection: the follower checks every writer's next move.
+                self.follower.handle_replicate();
+                self.writer.handle_replicate(now);
+            }
             command => self.push_event(RedisEvent::Command(command)),
         }
     }
