@@ -1,8 +1,12 @@
 //! The rows of the streams Synapse defines in `streams/_base.py`.
 
+use serde::de::SeqAccess;
+use serde::ser::{Error as _, SerializeTuple as _};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use super::de::row_struct;
+use super::de::{Field, SeqRow, Tracker, read_extra, row_struct};
+use super::raw::RawJson;
 
 row_struct! {
     /// A row of the `backfill` stream: an event fetched from another
@@ -167,21 +171,108 @@ row_struct! {
     }
 }
 
-row_struct! {
-    /// A row of the `device_lists` stream: a user's devices changed, or the
-    /// servers to tell about it were worked out (`DeviceListsStreamRow`).
-    pub struct DeviceListsRow {
-        expecting: "a device_lists row",
-        prefix: "",
-        fields: {
-            /// The user.
-            user_id: String = "user_id",
-            /// Whether the user signed their own device with their
-            /// user-signing key.
-            is_signature: bool = "is_signature",
-            /// Whether the hosts to send the update to have been calculated.
-            hosts_calculated: bool = "hosts_calculated",
+/// A row of the `device_lists` stream: a user's devices changed, or the
+/// servers to tell about it were worked out (`DeviceListsStreamRow`).
+///
+/// Its JSON form is an array of the fields in the order below (names in
+/// [`DeviceListsRow::FIELDS`]), and its shape depends on the release that
+/// wrote it:
+///
+/// - Synapse 1.110 and later write `[user_id, is_signature,
+///   hosts_calculated]`: `hosts_calculated` is `Some`.
+/// - Synapse up to 1.109 wrote `[entity, is_signature]`: `hosts_calculated`
+///   is `None`, and the first field (`entity` in those releases, kept here
+///   in `user_id`) is a user id, or, for a row that announces outbound
+///   pokes to a remote server, that server's name (the `destination` column
+///   of `device_lists_outbound_pokes`).
+///
+/// Each shape re-encodes to the bytes its release wrote. Booleans are read
+/// as `true`/`false` or `0`/`1` (a SQLite-backed Synapse writes
+/// `hosts_calculated` as `0`/`1`) and written as `true`/`false`. Fields
+/// after `hosts_calculated` are kept in `extra`; a row without
+/// `hosts_calculated` has none, and encoding one that has some is an error
+/// ([`RowError::Encode`](super::RowError::Encode)), as it would not decode
+/// back to the same row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceListsRow {
+    /// The user (from 1.110 always a user id; up to 1.109 a user id or a
+    /// remote server name).
+    pub user_id: String,
+    /// Whether the user signed their own device with their user-signing
+    /// key.
+    pub is_signature: bool,
+    /// Whether the hosts to send the update to have been calculated;
+    /// `None` for a row from Synapse 1.109 or older, which had no such
+    /// field.
+    pub hosts_calculated: Option<bool>,
+    /// Fields after the ones Synapse 1.163.2 writes (from a newer Synapse),
+    /// kept in order and written back after the known fields, so
+    /// re-encoding gives the same bytes. Usually empty.
+    pub extra: Vec<RawJson>,
+}
+
+impl DeviceListsRow {
+    /// Synapse's names of the fields this version knows, in order (as in
+    /// Synapse 1.110 and later; up to 1.109 the first was called `entity`
+    /// and the last did not exist).
+    pub const FIELDS: &'static [&'static str] = &["user_id", "is_signature", "hosts_calculated"];
+}
+
+impl SeqRow for DeviceListsRow {
+    const EXPECTING: &'static str = "a device_lists row";
+
+    fn visit<'de, A: SeqAccess<'de>>(mut seq: A, tracker: &Tracker) -> Result<Self, A::Error> {
+        tracker.at(0, "user_id");
+        let Some(user_id) = seq.next_element::<String>()? else {
+            return Err(tracker.missing(0, &Self::EXPECTING));
+        };
+        tracker.at(1, "is_signature");
+        let Some(is_signature) = seq.next_element::<<bool as Field>::Wire>()? else {
+            return Err(tracker.missing(1, &Self::EXPECTING));
+        };
+        // Absent in rows from Synapse 1.109 and older; never null.
+        tracker.at(2, "hosts_calculated");
+        let hosts_calculated = seq.next_element::<<bool as Field>::Wire>()?.map(bool::from);
+        let extra = match hosts_calculated {
+            Some(_) => read_extra(&mut seq, tracker, 3)?,
+            None => Vec::new(),
+        };
+        Ok(DeviceListsRow {
+            user_id,
+            is_signature: is_signature.into(),
+            hosts_calculated,
+            extra,
+        })
+    }
+}
+
+impl Serialize for DeviceListsRow {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let known = match self.hosts_calculated {
+            Some(_) => 3,
+            None if self.extra.is_empty() => 2,
+            None => {
+                return Err(S::Error::custom(
+                    "extra fields need hosts_calculated before them",
+                ));
+            }
+        };
+        let mut tuple = serializer.serialize_tuple(known + self.extra.len())?;
+        tuple.serialize_element(&self.user_id)?;
+        tuple.serialize_element(&self.is_signature)?;
+        if let Some(hosts_calculated) = &self.hosts_calculated {
+            tuple.serialize_element(hosts_calculated)?;
         }
+        for field in &self.extra {
+            tuple.serialize_element(field)?;
+        }
+        tuple.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceListsRow {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        super::de::deserialize(deserializer)
     }
 }
 
@@ -273,12 +364,17 @@ row_struct! {
 row_struct! {
     /// A row of the `quarantined_media` stream: media was quarantined or
     /// released (`QuarantinedMediaStreamRow`).
+    ///
+    /// Synapse annotates `origin` as `str`, but the column it comes from
+    /// (`quarantined_media_changes.origin`) is NULL for local media, and
+    /// Synapse writes that `null` as is: `[null,"<media_id>",true]`.
     pub struct QuarantinedMediaRow {
         expecting: "a quarantined_media row",
         prefix: "",
         fields: {
-            /// The server the media belongs to.
-            origin: String = "origin",
+            /// The server the media belongs to; `None` for this server's
+            /// own (local) media.
+            origin: Option<String> = "origin",
             /// The media's id on that server.
             media_id: String = "media_id",
             /// Whether the media is now quarantined.

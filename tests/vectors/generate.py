@@ -24,6 +24,9 @@ It (re)writes, next to this script:
     rejected.jsonl      lines Synapse's parser rejects, with the Python exception
     rows.jsonl          typed rows for all 19 streams, as Synapse puts them into RDATA
 
+Rows of older releases (1.98.0 to 1.140.0) come from the sibling script
+``generate_releases.py``, run with each release's own Synapse.
+
 The output is deterministic (no clocks, no randomness, no set iteration): running
 the script twice gives byte-identical files. Each output line is
 ``json.dumps(obj, ensure_ascii=True, sort_keys=True) + "\\n"``. Every output object is
@@ -816,6 +819,8 @@ def build_rejected():
 #  caches                  CachesStreamRow                       cache_func str, keys list[Any]? (null = invalidate all; on PostgreSQL a TEXT[] so
 #                                                                elements are strings), invalidation_ts int
 #  device_lists            DeviceListsStreamRow                  user_id str, is_signature bool, hosts_calculated bool*
+#                                                                (1.110 on; up to 1.109 the row was [entity str, is_signature bool],
+#                                                                entity a user id or a remote server name: see generate_releases.py)
 #  to_device               ToDeviceStreamRow                     entity str (a user id, or a remote server name)
 #  federation              FederationStreamRow                   type str ("pd"|"k"|"e", federation/send_queue.py), data dict (JSON object)
 #  account_data            AccountDataStreamRow                  user_id str, room_id str? (null = global), data_type str
@@ -826,7 +831,9 @@ def build_rejected():
 #  thread_subscriptions    ThreadSubscriptionsStreamRow          user_id str, room_id str, event_id str
 #  un_partial_stated_room  UnPartialStatedRoomStreamRow          room_id str
 #  un_partial_stated_event UnPartialStatedEventStreamRow         event_id str, rejection_status_changed bool
-#  quarantined_media       QuarantinedMediaStreamRow             origin str, media_id str, quarantined bool*
+#  quarantined_media       QuarantinedMediaStreamRow             origin str? (typed str, but null in practice for local media:
+#                                                                quarantined_media_changes.origin is NULL for local media),
+#                                                                media_id str, quarantined bool*
 #
 # No row class has default values: every field is required (too few -> TypeError,
 # too many -> TypeError). Nothing is type-checked on parse: a 0/1 stays an int.
@@ -867,7 +874,8 @@ SHAPES = {
     "un_partial_stated_room": [("room_id", "str", False, None)],
     "un_partial_stated_event": [("event_id", "str", False, None),
                                 ("rejection_status_changed", "bool", False, "bool")],
-    "quarantined_media": [("origin", "str", False, None), ("media_id", "str", False, None),
+    "quarantined_media": [("origin", "str", True, None),  # typed str, null for local media
+                          ("media_id", "str", False, None),
                           ("quarantined", "bool", False, "bool*")],
 }
 EVENT_SHAPES = {
@@ -920,11 +928,13 @@ def build_rows():
         return [s[0] for s in shape if s[3] is not None]
 
     def add(stream, name, values, *, sqlite=False, extra=None, too_few=False,
-            type_id=None):
+            type_id=None, hand_built=None):
         """values: the field values in wire order (as the update function gives them).
 
         extra: extra trailing values (forward compatibility), too_few: values is
-        shorter than the class. type_id: events row kind.
+        shorter than the class. type_id: events row kind. hand_built: why a
+        row that contradicts the class's annotations is real (which storage
+        function produces it); written to the vector as "hand_built".
         """
         if type_id is not None:
             cls, shape = EVENT_SHAPES[type_id]
@@ -943,6 +953,8 @@ def build_rows():
         assert wire(parsed_cmd) == line
         decoded = parsed_cmd.row
         obj = {"stream": stream, "name": name, "row_json": row_json}
+        if hand_built:
+            obj["hand_built"] = hand_built
         if extra or too_few:
             try:
                 STREAMS_MAP[stream].parse_row(decoded)
@@ -1129,7 +1141,9 @@ def build_rows():
     add("device_lists", "SQLite-form is_signature 1 (Synapse writes a literal, for completeness)", ["@alice:" + E, 1, 0], sqlite=True)
     add("device_lists", "non-ASCII", ["@\u00e9:" + E, False, False])
     add("device_lists", "extra trailing field", ["@a:" + E, False, False], extra=[True])
-    add("device_lists", "too few fields", ["@a:" + E, False], too_few=True)
+    # Two fields is the shape of releases up to 1.109 (rows-<version>.jsonl);
+    # 1.163.2's class refuses it, and one field is too few for every release.
+    add("device_lists", "too few fields", ["@a:" + E], too_few=True)
 
     # --- to_device -------------------------------------------------------------
     add("to_device", "local user", ["@alice:" + E])
@@ -1226,6 +1240,11 @@ def build_rows():
     add("quarantined_media", "non-ASCII", ["\u00e9.example", "\u4e2d", True])
     add("quarantined_media", "extra trailing field", [E, "m", True], extra=["reason"])
     add("quarantined_media", "too few fields", [E, "m"], too_few=True)
+    add("quarantined_media", "local media (origin null)", [None, "abcDEF123", True],
+        hand_built="annotated str, but _get_quarantined_media_changes_txn reads "
+        "quarantined_media_changes.origin, which is NULL for local media")
+    add("quarantined_media", "local media released, SQLite 0", [None, "abcDEF123", 0], sqlite=True,
+        hand_built="origin NULL for local media; quarantined is a BOOLEAN column")
 
     # every stream covered, typical + extra + too few for each
     for s in STREAMS_MAP:
