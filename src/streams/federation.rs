@@ -10,7 +10,9 @@ row_struct! {
     /// `data` is the serialisation of one of Synapse's
     /// `federation.send_queue` rows, kept as JSON text: `pd` rows carry
     /// `{"state": ..., "dests": [...]}`, `k` rows `{"key": [...], "edu":
-    /// {...}}` and `e` rows `{"edu": {...}}`.
+    /// {...}}` and `e` rows the EDU itself (`{"edu_type": ..., "content":
+    /// {...}, "origin": ..., "destination": ...}`). These are the same in
+    /// every release from 1.98.0 to 1.163.2.
     pub struct FederationRow {
         expecting: "a federation row",
         prefix: "",
