@@ -685,6 +685,9 @@ struct Fold {
     baseline: Option<Token>,
     /// Its last token: the last `POSITION`'s, or a higher `RDATA`'s.
     last: Option<Token>,
+    /// `last` is a `POSITION`'s (which may announce a reset); an `RDATA`'s
+    /// at or below the writer's position is only stale.
+    last_announced: bool,
     /// Whether its last folded `RDATA` was a `batch` row (`None`: no
     /// `RDATA` was folded).
     open_batch: Option<bool>,
@@ -698,7 +701,10 @@ impl Fold {
             Queued::Rdata(rdata) => match rdata.token {
                 RdataToken::Batch => self.open_batch = Some(true),
                 RdataToken::At(token) => {
-                    self.last = Some(self.last.map_or(token, |last| last.max(token)));
+                    if self.last.is_none_or(|last| token > last) {
+                        self.last = Some(token);
+                        self.last_announced = false;
+                    }
                     self.open_batch = Some(false);
                     // The fold's catch-up reaches this token.
                     self.unproven = false;
@@ -708,13 +714,17 @@ impl Fold {
                 // As when processed: the POSITION does not close an open batch.
                 self.baseline = self.baseline.or(Some(position.new_token));
                 self.last = Some(position.new_token);
+                self.last_announced = true;
                 self.unproven = false;
             }
             Queued::Replicate => self.unproven = true,
             // A fold only ever heads the queue it is folded with.
             Queued::Fold(earlier) => {
                 self.baseline = self.baseline.or(earlier.baseline);
-                self.last = earlier.last.or(self.last);
+                if earlier.last.is_some() {
+                    self.last = earlier.last;
+                    self.last_announced = earlier.last_announced;
+                }
                 self.open_batch = earlier.open_batch.or(self.open_batch);
                 self.unproven |= earlier.unproven;
             }
@@ -1058,7 +1068,17 @@ impl StreamState {
             self.process_position(wi, baseline, baseline, false, ctx);
         }
         if let Some(last) = fold.last {
-            self.process_position(wi, last, last, true, ctx);
+            let stale = !fold.last_announced
+                && self
+                    .writers
+                    .get(wi)
+                    .and_then(|w| w.position)
+                    .is_some_and(|position| last <= position);
+            if stale {
+                ctx.counters.rdata_stale += 1;
+            } else {
+                self.process_position(wi, last, last, true, ctx);
+            }
         }
         if let Some(w) = self.writers.get_mut(wi) {
             if let Some(open_batch) = fold.open_batch {
@@ -1539,13 +1559,15 @@ impl Follower {
         }
     }
 
-    /// Whether `writer`'s `RDATA` on `stream` is applied now (it announced
-    /// itself on this connection and no catch-up of it is outstanding).
+    /// Whether `writer`'s next `RDATA` on `stream` would be applied as it
+    /// comes: it announced itself on this connection, no catch-up of it is
+    /// outstanding, and no `REPLICATE` came since its last command (see
+    /// "A writer that lost its own connection" above).
     pub fn is_writer_connected(&self, stream: &StreamName, writer: &InstanceName) -> bool {
         self.streams
             .find(stream)
             .and_then(|s| s.writer(writer))
-            .is_some_and(|w| w.connected && self.ctx.connected)
+            .is_some_and(|w| w.connected && !w.unproven && self.ctx.connected)
     }
 
     /// The catch-ups waiting for an answer (at most one per stream and
