@@ -1,7 +1,7 @@
 //! The Redis transport against a real redis-server, on smol and on tokio:
 //! a writer and followers as `RedisClient`s, through restarts, kills,
-//! pauses, killed connections, a slow consumer cut off by Redis, and
-//! credentials right and wrong.
+//! pauses, killed connections, a slow consumer cut off by Redis, catch-up
+//! sources that fail, and credentials right and wrong.
 //!
 //! Each test starts its own redis-server on a free loopback port (never
 //! 6379) through `common::redis_server`. Every client runs in the test's
@@ -29,7 +29,8 @@ use synapse_replication::positions::{
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
     BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientEvent,
-    RedisClientOptions, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
+    RedisClientOptions, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
+    TokioRuntime,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -107,6 +108,10 @@ struct Node {
     publish_failures: Vec<(String, String)>,
     retry_delays: Vec<Duration>,
     commands: Vec<Command>,
+    /// Per failed catch-up: the writer, failures in a row, the delay
+    /// before the retry.
+    catch_up_failures: Vec<(InstanceName, u32, Duration)>,
+    stuck: Vec<StuckCatchUp>,
 }
 
 impl Node {
@@ -161,6 +166,8 @@ impl Node {
             publish_failures: Vec::new(),
             retry_delays: Vec::new(),
             commands: Vec::new(),
+            catch_up_failures: Vec::new(),
+            stuck: Vec::new(),
         }
     }
 
@@ -195,6 +202,18 @@ impl Node {
                 self.disconnects.push((link, reason.to_string()));
             }
             RedisClientEvent::ConnectFailed { retry_in, .. } => self.retry_delays.push(retry_in),
+            RedisClientEvent::CatchUpFailed {
+                request,
+                failures,
+                retry_in,
+                since,
+                ..
+            } => {
+                assert!(since <= Instant::now());
+                self.catch_up_failures
+                    .push((request.writer, failures, retry_in));
+            }
+            RedisClientEvent::CatchUpStuck(stuck) => self.stuck.push(stuck),
             _ => {}
         }
     }
@@ -790,6 +809,212 @@ fn slow_consumer_cut_by_redis_recovers_by_catch_up() {
             let session = worker.client.session();
             assert!(session.buffered_input() < 1 << 20);
             assert!(session.follower().buffered_bytes() < 1 << 20);
+        })
+    });
+}
+
+/// Fails the first `failures` fetches matching `writer` (all of them with
+/// `u32::MAX`), then serves `log`.
+struct FlakySource {
+    log: Log,
+    writer: InstanceName,
+    failures: u32,
+    calls: Mutex<u32>,
+}
+
+impl CatchUpSource for FlakySource {
+    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+        if request.writer == self.writer {
+            let mut calls = self.calls.lock().expect("calls");
+            *calls += 1;
+            if *calls <= self.failures {
+                let error: BoxError = format!("writer unreachable (call {calls})").into();
+                return Box::pin(async move { Err(error) });
+            }
+        }
+        LogSource(self.log.clone()).fetch(request)
+    }
+}
+
+#[test]
+fn a_catch_up_that_fails_twice_is_retried_and_loses_nothing() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let log: Log = Log::default();
+            let mut master = Node::new("master", runtime.clone(), config.clone(), None, |_| {});
+            master
+                .client
+                .session_mut()
+                .advance(&StreamName::Events, Token(0))
+                .expect("master writes events");
+            run_until(&runtime, &mut [&mut master], "master ready", |n| {
+                n[0].ready > 0
+            })
+            .await;
+            // Written before the worker is there: it must catch up (0, 120].
+            write_rows(&mut master, &log, 1, 120);
+            let mut options = fast_options();
+            options.max_backoff = Duration::from_millis(60);
+            let mut worker = Node::with_client_options(
+                "worker1",
+                runtime.clone(),
+                config,
+                Some(log.clone()),
+                |_| {},
+                options,
+            );
+            worker.client = worker.client.with_catch_up(Arc::new(FlakySource {
+                log: log.clone(),
+                writer: InstanceName::master(),
+                failures: 2,
+                calls: Mutex::new(0),
+            }));
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "caught up",
+                |nodes| caught_up(nodes[1], &log),
+            )
+            .await;
+            assert_holds_log(&worker, &log);
+            let failures: Vec<u32> = worker.catch_up_failures.iter().map(|f| f.1).collect();
+            assert_eq!(failures, vec![1, 2]);
+            assert!(
+                worker
+                    .catch_up_failures
+                    .iter()
+                    .all(|(_, _, retry_in)| *retry_in <= Duration::from_millis(60)),
+                "{:?}",
+                worker.catch_up_failures
+            );
+            // Two failures are not stuck; after the success nothing is.
+            assert!(worker.stuck.is_empty(), "{:?}", worker.stuck);
+            assert!(worker.client.stuck_catch_ups().is_empty());
+        })
+    });
+}
+
+#[test]
+fn a_stuck_catch_up_is_reported_and_holds_back_no_other_writer() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            // With Redis every process writes `caches`: master and worker2.
+            let mut master = Node::new("master", runtime.clone(), config.clone(), None, |_| {});
+            let mut writer2 = Node::new("worker2", runtime.clone(), config.clone(), None, |_| {});
+            for node in [&mut master, &mut writer2] {
+                node.client
+                    .session_mut()
+                    .advance(&StreamName::Caches, Token(0))
+                    .expect("every process writes caches");
+            }
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut writer2],
+                "writers ready",
+                |n| n.iter().all(|node| node.ready > 0),
+            )
+            .await;
+            let master_log: Log = Log::default();
+            for n in 1..=5 {
+                let rows = vec![(Token(n), padded_row(n, 0, 0))];
+                master_log.lock().expect("log").extend(rows.iter().cloned());
+                master
+                    .client
+                    .session_mut()
+                    .write(&StreamName::Caches, Token(n), rows)
+                    .expect("master writes caches");
+            }
+            // worker1 knows master's caches only up to 0: it must fetch
+            // (0, 5] from master, which never answers.
+            let mut options = fast_options();
+            options.max_backoff = Duration::from_millis(40);
+            let mut worker = Node::with_client_options(
+                "worker1",
+                runtime.clone(),
+                config,
+                None,
+                |_| {},
+                options,
+            );
+            worker
+                .client
+                .session_mut()
+                .follower_mut()
+                .set_position(&StreamName::Caches, &InstanceName::master(), Token(0))
+                .expect("a position to start from");
+            worker.client = worker.client.with_catch_up(Arc::new(FlakySource {
+                log: master_log.clone(),
+                writer: InstanceName::master(),
+                failures: u32::MAX,
+                calls: Mutex::new(0),
+            }));
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut writer2, &mut worker],
+                "worker2 followed live",
+                |nodes| {
+                    nodes[2]
+                        .client
+                        .session()
+                        .follower()
+                        .is_writer_connected(&StreamName::Caches, &InstanceName::from("worker2"))
+                },
+            )
+            .await;
+            // worker2's rows flow while master's catch-up keeps failing.
+            let writer2_log: Log = Log::default();
+            let start = writer2
+                .client
+                .session()
+                .writer()
+                .position(&StreamName::Caches)
+                .expect("worker2 writes caches")
+                .0;
+            for n in start + 1..=start + 20 {
+                let rows = vec![(Token(n), padded_row(n, 0, 0))];
+                writer2_log
+                    .lock()
+                    .expect("log")
+                    .extend(rows.iter().cloned());
+                writer2
+                    .client
+                    .session_mut()
+                    .write(&StreamName::Caches, Token(n), rows)
+                    .expect("worker2 writes caches");
+            }
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut writer2, &mut worker],
+                "worker2's rows, and master's catch-up stuck",
+                |nodes| {
+                    nodes[2].held(&StreamName::Caches) == *writer2_log.lock().expect("log")
+                        && !nodes[2].stuck.is_empty()
+                },
+            )
+            .await;
+            assert_eq!(worker.stuck.len(), 1, "{:?}", worker.stuck);
+            let stuck = &worker.stuck[0];
+            assert_eq!(stuck.stream, StreamName::Caches);
+            assert_eq!(stuck.writer, InstanceName::master());
+            assert_eq!((stuck.from, stuck.to), (Token(0), Token(5)));
+            assert_eq!(stuck.failures, STUCK_AFTER_FAILURES);
+            assert!(stuck.error.contains("writer unreachable"), "{stuck}");
+            let listed = worker.client.stuck_catch_ups();
+            assert_eq!(listed.len(), 1);
+            assert!(listed[0].failures >= STUCK_AFTER_FAILURES);
+            assert_eq!(listed[0].since, stuck.since);
+            assert_eq!(
+                worker
+                    .client
+                    .session()
+                    .follower()
+                    .position(&StreamName::Caches, &InstanceName::master()),
+                Some(Token(0))
+            );
         })
     });
 }

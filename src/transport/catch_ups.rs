@@ -1,13 +1,16 @@
 //! Catch-ups in flight: what a driver fetches from its [`CatchUpSource`]
-//! for the follower, and the retries of what failed.
+//! for the follower, the retries of what failed, and which are stuck.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
+use crate::wire::{InstanceName, StreamName, Token};
 
 use super::runtime::{BoxFuture, Runtime};
 use super::{Backoff, BoxError, CatchUpSource};
@@ -43,18 +46,72 @@ enum Fetched {
     Retry(CatchUpId),
 }
 
+/// Failures in a row after which a catch-up is reported stuck.
+pub const STUCK_AFTER_FAILURES: u32 = 3;
+
+/// A catch-up that failed [`STUCK_AFTER_FAILURES`] times or more in a row:
+/// its writer's rows on its stream wait for it (other writers and streams
+/// go on). It is retried until it succeeds, with a backoff capped at the
+/// client's `max_backoff`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StuckCatchUp {
+    /// The stream.
+    pub stream: StreamName,
+    /// The writer whose rows are missing.
+    pub writer: InstanceName,
+    /// The range last asked for, `(from, to]`.
+    pub from: Token,
+    /// See `from`.
+    pub to: Token,
+    /// When its first failure in this run of failures happened.
+    pub since: Instant,
+    /// Failures in a row.
+    pub failures: u32,
+    /// The last error, as text.
+    pub error: String,
+}
+
+impl fmt::Display for StuckCatchUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "catch-up of {} from {} ({}, {}] stuck after {} failures: {}",
+            self.stream, self.writer, self.from, self.to, self.failures, self.error
+        )
+    }
+}
+
 /// A fetch that failed; it is asked again after `retry_in`.
 pub(super) struct Failure {
     pub(super) request: CatchUpRequest,
     pub(super) error: BoxError,
     pub(super) retry_in: Duration,
+    /// Failures in a row of this writer's catch-up, this one included.
+    pub(super) failures: u32,
+    /// When the first of them happened.
+    pub(super) since: Instant,
+    /// Set on the failure that makes the catch-up stuck.
+    pub(super) stuck: Option<StuckCatchUp>,
+}
+
+/// A (stream, writer) whose catch-up is failing.
+struct Trouble {
+    since: Instant,
+    failures: u32,
+    backoff: Backoff,
+    request: CatchUpRequest,
+    error: String,
 }
 
 /// The fetches of one driver.
 pub(super) struct CatchUps {
     source: Option<Arc<dyn CatchUpSource>>,
     fetches: FuturesUnordered<BoxFuture<'static, Fetched>>,
-    backoff: Backoff,
+    initial: Duration,
+    max: Duration,
+    /// Per (stream, writer): each failing catch-up backs off on its own.
+    troubles: HashMap<(StreamName, InstanceName), Trouble>,
 }
 
 impl CatchUps {
@@ -62,8 +119,23 @@ impl CatchUps {
         CatchUps {
             source: None,
             fetches: FuturesUnordered::new(),
-            backoff: Backoff::new(initial, max),
+            initial,
+            max,
+            troubles: HashMap::new(),
         }
+    }
+
+    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`] times or more in
+    /// a row and have not succeeded since.
+    pub(super) fn stuck(&self) -> Vec<StuckCatchUp> {
+        let mut stuck: Vec<StuckCatchUp> = self
+            .troubles
+            .values()
+            .filter(|t| t.failures >= STUCK_AFTER_FAILURES)
+            .map(Trouble::report)
+            .collect();
+        stuck.sort_by_key(|s| s.since);
+        stuck
     }
 
     pub(super) fn set_source(&mut self, source: Arc<dyn CatchUpSource>) {
@@ -76,6 +148,7 @@ impl CatchUps {
 
     pub(super) fn clear(&mut self) {
         self.fetches = FuturesUnordered::new();
+        self.troubles.clear();
     }
 
     /// Starts fetching `request`, if there is a source.
@@ -104,7 +177,8 @@ impl CatchUps {
                 Fetched::Page(request, Ok(page)) => {
                     match target.handle_catch_up(request.id, page) {
                         Ok(()) => {
-                            self.backoff.reset();
+                            self.troubles
+                                .remove(&(request.stream.clone(), request.writer.clone()));
                             continue;
                         }
                         Err(error) => (request, Box::new(error) as BoxError),
@@ -118,8 +192,25 @@ impl CatchUps {
                 }
             };
             let (request, error) = failure;
-            let retry_in = self.backoff.next_delay();
-            let sleep = runtime.sleep_until(runtime.now() + retry_in);
+            let now = runtime.now();
+            let (initial, max) = (self.initial, self.max);
+            let trouble = self
+                .troubles
+                .entry((request.stream.clone(), request.writer.clone()))
+                .or_insert_with(|| Trouble {
+                    since: now,
+                    failures: 0,
+                    backoff: Backoff::new(initial, max),
+                    request: request.clone(),
+                    error: String::new(),
+                });
+            trouble.failures = trouble.failures.saturating_add(1);
+            trouble.request = request.clone();
+            trouble.error = error.to_string();
+            let retry_in = trouble.backoff.next_delay();
+            let stuck = (trouble.failures == STUCK_AFTER_FAILURES).then(|| trouble.report());
+            let (failures, since) = (trouble.failures, trouble.since);
+            let sleep = runtime.sleep_until(now + retry_in);
             let id = request.id;
             self.fetches.push(Box::pin(async move {
                 sleep.await;
@@ -129,8 +220,25 @@ impl CatchUps {
                 request,
                 error,
                 retry_in,
+                failures,
+                since,
+                stuck,
             });
         }
         progress
+    }
+}
+
+impl Trouble {
+    fn report(&self) -> StuckCatchUp {
+        StuckCatchUp {
+            stream: self.request.stream.clone(),
+            writer: self.request.writer.clone(),
+            from: self.request.from,
+            to: self.request.to,
+            since: self.since,
+            failures: self.failures,
+            error: self.error.clone(),
+        }
     }
 }

@@ -82,6 +82,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::positions::{CatchUpPage, CatchUpRequest};
 
+pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 #[cfg(feature = "http-catch-up")]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 pub use redis::{RedisClient, RedisClientEvent, RedisClientOptions};

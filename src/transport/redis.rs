@@ -16,7 +16,7 @@ use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Fol
 use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, SendError};
 use crate::wire::{Command, CommandKind};
 
-use super::catch_ups::CatchUps;
+use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::redis_config::RedisConfig;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::socket::{Link, Timer};
@@ -97,7 +97,8 @@ pub enum RedisClientEvent {
     /// processes' commands, refused publishes, errors.
     Session(RedisEvent),
     /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
-    /// new id) after `retry_in`.
+    /// new id) after `retry_in`. Only this writer's rows of the stream wait
+    /// for it. Each writer's retries back off on their own.
     CatchUpFailed {
         /// The request that failed.
         request: CatchUpRequest,
@@ -105,7 +106,15 @@ pub enum RedisClientEvent {
         error: BoxError,
         /// The delay before asking again.
         retry_in: Duration,
+        /// Failures in a row of this writer's catch-up, this one included.
+        failures: u32,
+        /// When the first of them happened.
+        since: Instant,
     },
+    /// A catch-up failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times in a row (reported
+    /// once per run of failures; it is still retried). Until it succeeds it
+    /// is listed by `stuck_catch_ups`.
+    CatchUpStuck(StuckCatchUp),
     /// A command given to a [`CommandSender`] could not be sent (not
     /// ready, or refused); it was dropped.
     SendFailed {
@@ -270,6 +279,13 @@ impl<R: Runtime> RedisClient<R> {
         self
     }
 
+    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times or more in
+    /// a row and have not succeeded since, oldest first: what is stuck, and
+    /// since when.
+    pub fn stuck_catch_ups(&self) -> Vec<StuckCatchUp> {
+        self.catch_ups.stuck()
+    }
+
     /// The session (the follower, the writer, counters).
     pub fn session(&self) -> &RedisSession {
         &self.session
@@ -389,7 +405,12 @@ impl<R: Runtime> RedisClient<R> {
                         request: failure.request,
                         error: failure.error,
                         retry_in: failure.retry_in,
+                        failures: failure.failures,
+                        since: failure.since,
                     });
+                    if let Some(stuck) = failure.stuck {
+                        events.push_back(RedisClientEvent::CatchUpStuck(stuck));
+                    }
                 });
             let now = self.runtime.now();
             for link in RedisLink::BOTH {

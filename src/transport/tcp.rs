@@ -21,7 +21,7 @@ use crate::session::{
 };
 use crate::wire::{Command, CommandKind};
 
-use super::catch_ups::CatchUps;
+use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 use super::socket::{Link, Timer};
 use super::{Backoff, BoxError, CatchUpSource};
@@ -403,7 +403,8 @@ pub enum TcpClientEvent {
     /// server's commands and errors.
     Session(ClientEvent),
     /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
-    /// new id) after `retry_in`.
+    /// new id) after `retry_in`. Only this writer's rows of the stream wait
+    /// for it. Each writer's retries back off on their own.
     CatchUpFailed {
         /// The request that failed.
         request: CatchUpRequest,
@@ -411,7 +412,15 @@ pub enum TcpClientEvent {
         error: BoxError,
         /// The delay before asking again.
         retry_in: Duration,
+        /// Failures in a row of this writer's catch-up, this one included.
+        failures: u32,
+        /// When the first of them happened.
+        since: Instant,
     },
+    /// A catch-up failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times in a row (reported
+    /// once per run of failures; it is still retried). Until it succeeds it
+    /// is listed by `stuck_catch_ups`.
+    CatchUpStuck(StuckCatchUp),
     /// A command given to a [`CommandSender`] could not be sent (not
     /// connected, or refused); it was dropped.
     SendFailed {
@@ -545,6 +554,13 @@ impl<R: Runtime> TcpClient<R> {
         self
     }
 
+    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times or more in
+    /// a row and have not succeeded since, oldest first: what is stuck, and
+    /// since when.
+    pub fn stuck_catch_ups(&self) -> Vec<StuckCatchUp> {
+        self.catch_ups.stuck()
+    }
+
     /// The session (the follower, the connection's state).
     pub fn session(&self) -> &ClientSession {
         &self.session
@@ -666,7 +682,12 @@ impl<R: Runtime> TcpClient<R> {
                     request: failure.request,
                     error: failure.error,
                     retry_in: failure.retry_in,
+                    failures: failure.failures,
+                    since: failure.since,
                 });
+                if let Some(stuck) = failure.stuck {
+                    events.push_back(TcpClientEvent::CatchUpStuck(stuck));
+                }
             })
     }
 
