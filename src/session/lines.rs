@@ -15,13 +15,25 @@ pub(crate) struct LineTooLong;
 /// beyond the limit. Twisted's `LineOnlyReceiver` (what Synapse uses) has
 /// the same limit: a line of `max` bytes passes, one of `max + 1` does not,
 /// whether or not its `\n` has arrived yet.
-#[derive(Debug)]
+///
+/// Its [`Debug`](std::fmt::Debug) output shows how many bytes it holds,
+/// never the bytes (a line may carry an access token).
 pub(crate) struct Lines {
     max: usize,
     /// The start of a line whose `\n` has not arrived, at most `max` bytes.
     partial: BytesMut,
     /// What is left of the chunk being split.
     pending: Bytes,
+}
+
+impl std::fmt::Debug for Lines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lines")
+            .field("max", &self.max)
+            .field("partial_bytes", &self.partial.len())
+            .field("pending_bytes", &self.pending.len())
+            .finish()
+    }
 }
 
 impl Lines {

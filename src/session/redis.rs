@@ -391,8 +391,8 @@ enum Expect {
     Publish(CommandKind),
 }
 
-/// One connection to Redis.
-#[derive(Debug)]
+/// One connection to Redis. Its [`Debug`] output shows the sizes of its
+/// buffers, never their bytes (`AUTH` and published lines are in them).
 struct Link {
     decoder: resp::Decoder,
     input: BytesMut,
@@ -407,6 +407,22 @@ struct Link {
     /// The last time something arrived, or replies began to be owed.
     last_progress: Instant,
     failed: bool,
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("decoder", &self.decoder)
+            .field("input_bytes", &self.input.len())
+            .field("unsent_bytes", &self.out.len())
+            .field("expect", &self.expect)
+            .field("handshake", &self.handshake)
+            .field("unconfirmed", &self.unconfirmed)
+            .field("last_ping", &self.last_ping)
+            .field("last_progress", &self.last_progress)
+            .field("failed", &self.failed)
+            .finish()
+    }
 }
 
 impl Link {
@@ -523,7 +539,10 @@ fn usable(link: Option<&Link>) -> bool {
 /// - Each link sends `PING` every [`RedisOptions::ping_interval`]; a link
 ///   that owes a reply and hears nothing for [`RedisOptions::ping_timeout`]
 ///   is given up, which finds a paused server or a dead network.
-#[derive(Debug)]
+///
+/// Its [`Debug`] output never shows a secret: of the bytes waiting to be
+/// sent or decoded (an `AUTH` with the password, a `USER_IP` with an
+/// access token) it shows only how many there are.
 pub struct RedisSession {
     options: RedisOptions,
     channels: resp::Channels,
@@ -547,6 +566,24 @@ pub struct RedisSession {
     now: Option<Instant>,
     /// Reused to encode each published line (no allocation per publish).
     scratch: BytesMut,
+}
+
+impl fmt::Debug for RedisSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSession")
+            .field("options", &self.options)
+            .field("follower", &self.follower)
+            .field("writer", &self.writer)
+            .field("links", &self.links)
+            .field("two_links", &self.two_links)
+            .field("ready", &self.ready)
+            .field("replicate_owed", &self.replicate_owed)
+            .field("queued", &self.queued.len())
+            .field("events", &self.events.len())
+            .field("counters", &self.counters)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisSession {

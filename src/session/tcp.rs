@@ -398,8 +398,8 @@ enum Due {
 }
 
 /// One connection's line buffer, output queue and timers: what both roles
-/// share.
-#[derive(Debug)]
+/// share. Its [`Debug`] output shows the sizes of its buffers, never their
+/// lines (a `USER_IP` line carries an access token).
 struct Conn {
     lines: Lines,
     out: VecDeque<Bytes>,
@@ -407,6 +407,19 @@ struct Conn {
     last_sent: Instant,
     last_received: Instant,
     state: State,
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Conn")
+            .field("lines", &self.lines)
+            .field("queued_lines", &self.out.len())
+            .field("queued_bytes", &self.out_bytes)
+            .field("last_sent", &self.last_sent)
+            .field("last_received", &self.last_received)
+            .field("state", &self.state)
+            .finish()
+    }
 }
 
 impl Conn {
@@ -591,6 +604,11 @@ impl Conn {
 ///   every Synapse peer pings at once).
 /// - A fatal error stays fatal: input is ignored from then on and only the
 ///   `ERROR` line is transmitted.
+///
+/// Its [`Debug`] output never shows a secret: of the lines queued or
+/// partly received (a `USER_IP` carries an access token) it shows only
+/// how many bytes there are, and [`UserIp`](crate::wire::UserIp) hides its
+/// token.
 #[derive(Debug)]
 pub struct ClientSession {
     config: TcpConfig,
@@ -1007,6 +1025,11 @@ struct Client {
 /// sent (Synapse raises and the row is lost); it is replaced by `POSITION t
 /// t`, so that followers see the gap and fetch the row out of band (a
 /// `batch` of which a row is too long goes the same way as a whole).
+///
+/// Its [`Debug`] output never shows a secret: of the lines queued or
+/// partly received (a `USER_IP` carries an access token) it shows only
+/// how many bytes there are, and [`UserIp`](crate::wire::UserIp) hides its
+/// token.
 #[derive(Debug)]
 pub struct ServerSession {
     config: TcpConfig,
