@@ -6,7 +6,8 @@
 //! a directive starting with `!` or `?`), `< ` an expected output, `#` a
 //! comment. Directives: `!connect`, `!disconnect`, `!seed STREAM WRITER
 //! TOKEN`, `!page N JSON` (answer catch-up #N with Synapse's JSON),
-//! `!failed N`, `!forget STREAM WRITER`, `?pos STREAM WRITER`, `?stream
+//! `!failed N`, `!forget STREAM WRITER`, `!lost LINE` (an `RDATA` line
+//! that does not decode), `?pos STREAM WRITER`, `?stream
 //! STREAM`, `?queued STREAM`, `?pairs`, `?connected STREAM WRITER`.
 
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use synapse_replication::positions::{
     CatchUpId, CatchUpPage, Follower, FollowerEvent, FollowerLimits, RateLimit, RowSource,
     SeedError, WriteError, Writer, WriterConfig,
 };
-use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
+use synapse_replication::wire::{Command, InstanceName, LostRdata, RawRow, StreamName, Token};
 use synapse_replication::writers::{StreamWriters, WriterRegistry};
 
 /// master, w1, w2 (events and receipts), w3 (typing); Redis, so every
@@ -154,6 +155,12 @@ impl Script {
                 if let Err(e) = self.follower.catch_up_failed(id) {
                     out.push(format!("error: {e}"));
                 }
+            }
+            "!lost" => {
+                let line = input.split_once(' ').unwrap().1;
+                assert!(Command::decode(Bytes::copy_from_slice(line.as_bytes())).is_err());
+                let lost = LostRdata::from_line(line.as_bytes()).expect("an RDATA line");
+                f.handle_lost_rdata(&lost);
             }
             "!forget" => {
                 let forgotten = f.forget_writer(&stream(words[1]), &name(words[2]));
@@ -1144,6 +1151,65 @@ fn a_replicate_keeps_its_place_among_held_commands() {
         "#,
     );
     assert_eq!(script.follower.counters().queue_overflows, 1);
+}
+
+#[test]
+fn a_row_that_cannot_be_read_is_fetched_not_stepped_over() {
+    let script = run(
+        "f1",
+        r#"
+        > !seed events w1 10
+        > !seed events w2 20
+        > !connect
+        > POSITION events w1 10 10
+        > POSITION events w2 20 20
+        # the writer and token are readable: the row is fetched at once
+        > !lost RDATA events w1 11 ["ev",NaN]
+        < catch-up #1 events w1 (10, 11]
+        > RDATA events w1 12 ["ev","$12"]
+        > !page 1 {"updates":[[11,["ev","$11"]]],"upto_token":11,"limited":false}
+        < rows events w1 11 ["ev","$11"] [catch-up]
+        < position events w1 11
+        < rows events w1 12 ["ev","$12"]
+        # a lost batch row makes its batch fetched whole
+        > RDATA events w1 batch ["a"]
+        > !lost RDATA events w1 batch ["b",
+        > RDATA events w1 13 ["c"]
+        < catch-up #2 events w1 (12, 13]
+        > !page 2 {"updates":[[13,["a"]],[13,["b"]],[13,["c"]]],"upto_token":13,"limited":false}
+        < rows events w1 13 ["a"] ["b"] ["c"] [catch-up]
+        < position events w1 13
+        # a lost row at or below the position was delivered already
+        > !lost RDATA events w1 12 ["ev",
+        > RDATA events w1 14 ["d"]
+        < rows events w1 14 ["d"]
+        # no token: the writer has its next move checked, not its row
+        > !lost RDATA events w2 x1 ["ev"]
+        > RDATA events w2 22 ["e"]
+        < catch-up #3 events w2 (20, 22]
+        > RDATA events w1 15 ["f"]
+        < rows events w1 15 ["f"]
+        # no writer: every writer of the stream
+        > !page 3 {"updates":[[21,["e21"]],[22,["e"]]],"upto_token":22,"limited":false}
+        < rows events w2 21 ["e21"] [catch-up]
+        < rows events w2 22 ["e"] [catch-up]
+        < position events w2 22
+        > !lost RDATA events  16 ["ev"]
+        > RDATA events w2 23 ["g"]
+        < catch-up #4 events w2 (22, 23]
+        > RDATA events w1 16 ["h"]
+        < catch-up #5 events w1 (15, 16]
+        # ...but not writers of other streams
+        > POSITION caches master 0 0
+        < position caches master 0
+        > !lost RDATA events
+        > RDATA caches master 1 ["k",null,1]
+        < rows caches master 1 ["k",null,1]
+        "#,
+    );
+    let counters = script.follower.counters();
+    assert_eq!(counters.rdata_lost, 3);
+    assert_eq!(counters.rdata_unattributed, 3);
 }
 
 // ---------------------------------------------------------------------------

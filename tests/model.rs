@@ -5,6 +5,9 @@
 //! clock. Each writer keeps its log; catch-ups read from those logs, in
 //! pages of random size, and sometimes fail.
 //!
+//! Some `RDATA` arrive as lines that do not decode, with more or less of
+//! their stream, writer and token readable.
+//!
 //! A writer can also *blip*, as a Synapse writer does when its own Redis
 //! connections drop: it goes on writing, what it publishes meanwhile is
 //! lost, and on reconnecting it publishes `REPLICATE`, its latest rows
@@ -31,7 +34,7 @@ use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, Writer,
 };
 use synapse_replication::wire::{
-    Command, InstanceName, RawRow, Rdata, RdataToken, StreamName, Token,
+    Command, InstanceName, LostRdata, RawRow, Rdata, RdataToken, StreamName, Token,
 };
 use synapse_replication::writers::{StreamWriters, WriterRegistry};
 
@@ -87,6 +90,11 @@ enum Op {
     Deliver { from: usize, to: usize, n: u8 },
     /// Duplicates the next command from `from` to `to` (not a `batch` row).
     Duplicate { from: usize, to: usize },
+    /// The next command from `from` to `to`, if an `RDATA`, arrives as a
+    /// line that does not decode; `known` says how much of it can still
+    /// be read (0: stream, writer and token; 1: no token; 2: no writer;
+    /// 3: nothing).
+    Corrupt { from: usize, to: usize, known: u8 },
     /// Process `p` loses its connection; what was in flight to it is lost.
     Disconnect { p: usize },
     /// Process `p` connects again (if disconnected).
@@ -115,6 +123,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (p.clone(), 0..3usize).prop_map(|(p, s)| Op::Advance { p, s }),
         8 => (p.clone(), p.clone(), 1..8u8).prop_map(|(from, to, n)| Op::Deliver { from, to, n }),
         1 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Duplicate { from, to }),
+        1 => (p.clone(), p.clone(), 0..4u8).prop_map(|(from, to, known)| Op::Corrupt { from, to, known }),
         1 => p.clone().prop_map(|p| Op::Disconnect { p }),
         2 => p.clone().prop_map(|p| Op::Reconnect { p }),
         1 => p.clone().prop_map(|p| Op::Blip { p }),
@@ -433,6 +442,26 @@ impl World {
         Ok(())
     }
 
+    fn corrupt(&mut self, from: usize, to: usize, known: u8) -> Result<(), TestCaseError> {
+        let channel = self.bus.get_mut(&(from, to));
+        let Some(channel) = channel.filter(|c| matches!(c.front(), Some(Command::Rdata(_)))) else {
+            return self.deliver(from, to, 1);
+        };
+        let Some(Command::Rdata(rdata)) = channel.pop_front() else {
+            return Ok(());
+        };
+        let lost = LostRdata {
+            stream: (known < 3).then_some(rdata.stream),
+            instance: (known != 2 && known < 3).then_some(rdata.instance),
+            token: (known == 0).then_some(rdata.token),
+        };
+        if std::env::var("MODEL_TRACE").is_ok() {
+            eprintln!("{} -> {}: lost {lost:?}", NAMES[from], NAMES[to]);
+        }
+        self.processes[to].follower.handle_lost_rdata(&lost);
+        self.settle(to)
+    }
+
     fn duplicate(&mut self, from: usize, to: usize) {
         let Some(channel) = self.bus.get_mut(&(from, to)) else {
             return;
@@ -531,6 +560,7 @@ impl World {
             Op::Advance { p, s } => self.advance(p, s),
             Op::Deliver { from, to, n } => self.deliver(from, to, n)?,
             Op::Duplicate { from, to } => self.duplicate(from, to),
+            Op::Corrupt { from, to, known } => self.corrupt(from, to, known)?,
             Op::Disconnect { p } => self.disconnect(p),
             Op::Reconnect { p } => {
                 self.reconnect(p);

@@ -1068,6 +1068,66 @@ fn messages_reach_the_follower_the_writer_and_the_application() {
 }
 
 #[test]
+fn a_malformed_rdata_is_a_gap_fetched_not_a_row_stepped_over() {
+    let mut options = options();
+    options.max_line_len = 200;
+    let mut rig = Rig::ready(options);
+    rig.input(Subscriber, &message("POSITION typing master 5 5"));
+    assert_eq!(rig.summaries(), ["position typing master 5"]);
+    // Row 6 is not valid JSON; row 7 is over the line limit; row 8 is fine.
+    let long = format!(
+        r#"RDATA typing master 7 ["!room:x",["{}"]]"#,
+        "a".repeat(300)
+    );
+    rig.input(
+        Subscriber,
+        &concat(&[
+            &message(r#"RDATA typing master 6 ["!room:x",["@a:x"]"#),
+            &message(&long),
+            &message(&format!("RDATA typing master 8 {TYPING_ROW}")),
+        ]),
+    );
+    let summaries = rig.summaries();
+    assert_eq!(summaries.len(), 3, "{summaries:?}");
+    assert!(
+        summaries[0].starts_with(&format!(
+            "malformed on {PREFIX}: RDATA: invalid JSON in row"
+        )),
+        "{summaries:?}"
+    );
+    assert_eq!(
+        summaries[1..],
+        [
+            "catch-up #1 typing master (5, 6]".to_owned(),
+            format!("malformed on {PREFIX}: line of 338 bytes exceeds the limit of 200 bytes"),
+        ]
+    );
+    // The line over the limit and row 8 wait behind the catch-up, which
+    // reaches 6; then 7 is fetched.
+    assert_eq!(rig.session.follower().counters().rdata_lost, 1);
+    let page = CatchUpPage {
+        updates: vec![(
+            Token(6),
+            RawRow::new(&br#"["!room:x",["@a:x"]]"#[..]).unwrap(),
+        )],
+        upto: Token(6),
+        limited: false,
+    };
+    let id = rig.session.follower().outstanding_catch_ups()[0].id;
+    rig.session.handle_catch_up(id, page).unwrap();
+    rig.drain();
+    assert_eq!(
+        rig.summaries(),
+        [
+            "rows typing master 6 (1 rows, CatchUp)",
+            "position typing master 6",
+            "catch-up #2 typing master (6, 7]",
+        ]
+    );
+    assert_eq!(rig.session.follower().counters().rdata_lost, 2);
+}
+
+#[test]
 fn report_received_reports_each_command_before_acting() {
     let mut options = plain_options();
     options.report_received = true;

@@ -653,6 +653,45 @@ fn a_row_too_long_for_a_line_is_fetched_instead() {
 }
 
 #[test]
+fn a_row_that_does_not_decode_closes_and_is_fetched_after_reconnecting() {
+    let mut pair = Pair::new();
+    pair.connect();
+    let mut log = Log::default();
+    let rows = [(Token(1), row(1))];
+    log.record(&StreamName::Caches, "master", &rows);
+    pair.server
+        .write(&StreamName::Caches, Token(1), rows)
+        .unwrap();
+    pair.drive();
+    // Row 2 reaches the client as a line it cannot read (Synapse can
+    // write NaN): a parse error, so the client sends ERROR and closes.
+    log.record(&StreamName::Caches, "master", &[(Token(2), row(2))]);
+    pair.inject_to_client(b"RDATA caches master 2 [\"row\",NaN]\n");
+    pair.drive();
+    assert!(!pair.is_connected());
+    let rows = [(Token(3), row(3))];
+    log.record(&StreamName::Caches, "master", &rows);
+    pair.server
+        .write(&StreamName::Caches, Token(3), rows)
+        .unwrap();
+    // The next connection's POSITION shows the gap: row 2 is fetched, not
+    // stepped over.
+    pair.connect();
+    let requests = answer_catch_ups(&mut pair, &log, 100);
+    let ranges: Vec<(i64, i64)> = requests.iter().map(|r| (r.from.0, r.to.0)).collect();
+    assert_eq!(ranges, [(1, 3)]);
+    let tokens: Vec<(i64, RowSource)> = caches_rows(&pair).iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(
+        tokens,
+        [
+            (1, RowSource::Live),
+            (2, RowSource::CatchUp),
+            (3, RowSource::CatchUp)
+        ]
+    );
+}
+
+#[test]
 fn remote_server_up_is_relayed_to_the_other_clients() {
     let now = Instant::now();
     let mut server = server(&[StreamName::Caches], TcpConfig::default(), now);

@@ -200,3 +200,61 @@ fn encoding_refuses_fields_that_would_not_read_back() {
         assert_eq!(&out[..], b"kept", "nothing written on error");
     }
 }
+
+#[test]
+fn what_can_be_read_of_a_broken_rdata_line() {
+    use synapse_replication::wire::{InstanceName, LostRdata, RdataToken, StreamName, Token};
+    let read = |line: &[u8]| LostRdata::from_line(line);
+    let lost = |stream: Option<&str>, instance: Option<&str>, token: Option<RdataToken>| {
+        Some(LostRdata {
+            stream: stream.map(StreamName::from),
+            instance: instance.map(InstanceName::from),
+            token,
+        })
+    };
+    let at = |n: i64| Some(RdataToken::At(Token(n)));
+    assert_eq!(
+        read(b"RDATA events master 5 [1,"),
+        lost(Some("events"), Some("master"), at(5))
+    );
+    assert_eq!(
+        read(b"RDATA caches w1 batch [NaN]"),
+        lost(Some("caches"), Some("w1"), Some(RdataToken::Batch))
+    );
+    assert_eq!(
+        read(b"RDATA org.example.x w1 -3 x"),
+        lost(Some("org.example.x"), Some("w1"), at(-3))
+    );
+    // Unreadable parts are left out, readable ones kept.
+    assert_eq!(
+        read(b"RDATA events master x []"),
+        lost(Some("events"), Some("master"), None)
+    );
+    assert_eq!(
+        read(b"RDATA events master 5"),
+        lost(Some("events"), Some("master"), None)
+    );
+    assert_eq!(
+        read(b"RDATA events mas\xffter 5 []"),
+        lost(Some("events"), None, at(5))
+    );
+    assert_eq!(
+        read(b"RDATA  master 5 []"),
+        lost(None, Some("master"), at(5))
+    );
+    assert_eq!(read(b"RDATA"), lost(None, None, None));
+    assert_eq!(read(b"RDATA "), lost(None, None, None));
+    // Not RDATA lines.
+    assert_eq!(read(b"RDATAX events master 5 []"), None);
+    assert_eq!(read(b"POSITION events master 5 6"), None);
+    assert_eq!(read(b""), None);
+    // A line far over any limit: only its head is looked at.
+    let mut long = b"RDATA events master 7 [\"".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 4 << 20));
+    assert_eq!(read(&long), lost(Some("events"), Some("master"), at(7)));
+    // A head cut short inside a name: the cut name is not trusted.
+    let mut cut = b"RDATA ".to_vec();
+    cut.extend(std::iter::repeat_n(b's', 2000));
+    cut.extend(b" master 5 []");
+    assert_eq!(read(&cut), lost(None, None, None));
+}

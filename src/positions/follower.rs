@@ -6,7 +6,8 @@ use std::mem;
 use std::sync::Arc;
 
 use crate::wire::{
-    Command, CommandKind, InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token,
+    Command, CommandKind, InstanceName, LostRdata, Position, RawRow, Rdata, RdataToken, StreamName,
+    Token,
 };
 use crate::writers::{WriterRegistry, Writers};
 
@@ -357,6 +358,12 @@ pub struct FollowerCounters {
     pub unproven_checked: u64,
     /// Catch-up rows outside the range asked for, skipped.
     pub catch_up_rows_skipped: u64,
+    /// `RDATA` lines whose row could not be read, of a known writer and
+    /// token (each a gap to fetch).
+    pub rdata_lost: u64,
+    /// `RDATA` lines too broken to say whose row they held (each makes the
+    /// next move of every writer they may have come from checked).
+    pub rdata_unattributed: u64,
 }
 
 /// Follows replication streams: the positions half of Synapse's
@@ -664,6 +671,8 @@ struct CatchUp {
 
 enum Queued {
     Rdata(Rdata),
+    /// An `RDATA` of this writer whose row could not be read.
+    Lost(RdataToken),
     Position(Position),
     Replicate,
     Fold(Fold),
@@ -673,7 +682,7 @@ impl Queued {
     fn bytes(&self) -> usize {
         match self {
             Queued::Rdata(rdata) => rdata.row.as_bytes().len(),
-            Queued::Position(_) | Queued::Replicate | Queued::Fold(_) => 0,
+            Queued::Lost(_) | Queued::Position(_) | Queued::Replicate | Queued::Fold(_) => 0,
         }
     }
 }
@@ -696,20 +705,24 @@ struct Fold {
 }
 
 impl Fold {
+    fn absorb_rdata(&mut self, token: RdataToken) {
+        match token {
+            RdataToken::Batch => self.open_batch = Some(true),
+            RdataToken::At(token) => {
+                if self.last.is_none_or(|last| token > last) {
+                    self.last = Some(token);
+                    self.last_announced = false;
+                }
+                self.open_batch = Some(false);
+                // The fold's catch-up reaches this token.
+                self.unproven = false;
+            }
+        }
+    }
+
     fn absorb(&mut self, item: Queued) {
         match item {
-            Queued::Rdata(rdata) => match rdata.token {
-                RdataToken::Batch => self.open_batch = Some(true),
-                RdataToken::At(token) => {
-                    if self.last.is_none_or(|last| token > last) {
-                        self.last = Some(token);
-                        self.last_announced = false;
-                    }
-                    self.open_batch = Some(false);
-                    // The fold's catch-up reaches this token.
-                    self.unproven = false;
-                }
-            },
+            Queued::Rdata(rdata) => self.absorb_rdata(rdata.token),
             Queued::Position(position) => {
                 // As when processed: the POSITION does not close an open batch.
                 self.baseline = self.baseline.or(Some(position.new_token));
@@ -717,6 +730,8 @@ impl Fold {
                 self.last_announced = true;
                 self.unproven = false;
             }
+            // A lost row: its fold's catch-up fetches it.
+            Queued::Lost(token) => self.absorb_rdata(token),
             Queued::Replicate => self.unproven = true,
             // A fold only ever heads the queue it is folded with.
             Queued::Fold(earlier) => {
@@ -816,6 +831,7 @@ impl StreamState {
             Queued::Position(position) => {
                 self.process_position(wi, position.prev_token, position.new_token, false, ctx)
             }
+            Queued::Lost(token) => self.process_lost(wi, token, ctx),
             Queued::Replicate => {
                 if let Some(w) = self.writers.get_mut(wi) {
                     w.unproven = w.position.is_some();
@@ -906,6 +922,42 @@ impl StreamState {
             rows,
             source: RowSource::Live,
         });
+    }
+
+    /// An `RDATA` of writer `wi` whose row is lost: a gap to fetch, never
+    /// one to step over.
+    fn process_lost(&mut self, wi: usize, token: RdataToken, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        ctx.counters.rdata_lost += 1;
+        let position = match w.position {
+            Some(position) if w.connected => position,
+            _ => {
+                // Dropped anyway; its POSITION brings a catch-up.
+                w.batch_cut = token.is_batch();
+                return;
+            }
+        };
+        match token {
+            RdataToken::Batch => {
+                // The batch is incomplete: its numbered row is fetched.
+                w.clear_batch(ctx);
+                w.batch_cut = true;
+            }
+            RdataToken::At(token) if token > position => {
+                w.batch_cut = false;
+                w.unproven = false;
+                w.clear_batch(ctx);
+                self.start_catch_up(wi, position, token, ctx);
+            }
+            RdataToken::At(_) => {
+                // A row at or below the position was delivered already.
+                ctx.counters.rdata_stale += 1;
+                w.clear_batch(ctx);
+                w.batch_cut = false;
+            }
+        }
     }
 
     /// Whether a `POSITION` can be dropped unseen (Synapse's
@@ -1334,6 +1386,52 @@ impl Follower {
             self.ctx.counters.own_echoes += 1;
         } else {
             self.ctx.counters.while_disconnected += 1;
+        }
+    }
+
+    /// Handles an `RDATA` line whose row could not be read (see
+    /// [`LostRdata`]). Its row is never stepped over:
+    ///
+    /// - stream, writer and token known: as the row itself would be, but
+    ///   fetched through a catch-up up to its token (a `batch` row makes
+    ///   its batch fetched whole);
+    /// - less known: every writer it may have come from (of its stream, if
+    ///   known; named, if known) has its next forward move checked, as
+    ///   after a `REPLICATE`. Whatever that writer sends next, the follower
+    ///   fetches from its own position rather than trust that nothing was
+    ///   missed.
+    pub fn handle_lost_rdata(&mut self, lost: &LostRdata) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if lost.instance.as_ref() == Some(&self.own) {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        if let (Some(stream), Some(instance), Some(token)) =
+            (&lost.stream, &lost.instance, lost.token)
+        {
+            let Some((slot, wi)) = self.pair_or_reject(stream, instance, CommandKind::Rdata) else {
+                return;
+            };
+            if let Some(state) = self.streams.get_mut(slot) {
+                state.handle(wi, Queued::Lost(token), &mut self.ctx);
+            }
+            return;
+        }
+        self.ctx.counters.rdata_unattributed += 1;
+        for state in self.streams.all_mut() {
+            if lost.stream.as_ref().is_some_and(|s| *s != state.name) {
+                continue;
+            }
+            for wi in 0..state.writers.len() {
+                let named = lost.instance.as_ref();
+                if named.is_some_and(|n| state.writers.get(wi).is_none_or(|w| w.name != *n)) {
+                    continue;
+                }
+                state.handle(wi, Queued::Replicate, &mut self.ctx);
+            }
         }
     }
 

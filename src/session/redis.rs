@@ -294,7 +294,9 @@ pub enum RedisEvent {
         command: Box<Command>,
     },
     /// A message that is not a valid command was ignored (Synapse logs and
-    /// ignores it too: each message stands alone).
+    /// ignores it too: each message stands alone). If it was an `RDATA`,
+    /// its row is not stepped over: the follower fetches it (see
+    /// [`Follower::handle_lost_rdata`](crate::positions::Follower::handle_lost_rdata)).
     Malformed {
         /// The channel it came on.
         channel: Bytes,
@@ -943,13 +945,19 @@ impl RedisSession {
         }
         let channel_bytes =
             |channels: &resp::Channels| channels.names().get(channel).cloned().unwrap_or_default();
-        let command = match self.decoder.decode(payload) {
+        let command = match self.decoder.decode_salvaging(payload) {
             Ok(Some(command)) => command,
             Ok(None) => return,
-            Err(error) => {
+            Err(failed) => {
+                let (error, lost) = *failed;
                 self.counters.malformed += 1;
                 let channel = channel_bytes(&self.channels);
                 self.push_event(RedisEvent::Malformed { channel, error });
+                // A row that could not be read is a gap, never a row to
+                // step over.
+                if let Some(lost) = lost {
+                    self.follower.handle_lost_rdata(&lost);
+                }
                 return;
             }
         };

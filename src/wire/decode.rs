@@ -75,11 +75,22 @@ impl Decoder {
     /// a few bytes, are stored inline (a name this crate does not know, or
     /// longer than 22 bytes, is copied once into an `Arc<str>`).
     pub fn decode(&self, line: Bytes) -> Result<Option<Command>, DecodeError> {
+        self.decode_salvaging(line).map_err(|failed| failed.0)
+    }
+
+    /// [`Decoder::decode`], and for an `RDATA` line that does not decode,
+    /// what can still be read of it (see [`LostRdata`]), found on the error
+    /// path only.
+    pub(crate) fn decode_salvaging(
+        &self,
+        line: Bytes,
+    ) -> Result<Option<Command>, Salvaged> {
         if line.len() > self.max_line_len {
-            return Err(DecodeError::LineTooLong {
+            let error = DecodeError::LineTooLong {
                 len: line.len(),
                 max: self.max_line_len,
-            });
+            };
+            return Err(salvage(error, &line));
         }
         // Most lines are rows, and most others positions: go straight to
         // them.
@@ -87,15 +98,100 @@ impl Decoder {
             return decode_rdata(line).map(Some);
         }
         if line.starts_with(POSITION) {
-            return decode_position(&line).map(|position| Some(Command::Position(position)));
+            return decode_position(&line)
+                .map(|position| Some(Command::Position(position)))
+                .map_err(|error| Box::new((error, None)));
         }
         // A line starting with a letter is not blank: skip the scan.
         if !line.first().is_some_and(u8::is_ascii_alphabetic) && is_blank(&line) {
             return Ok(None);
         }
-        decode_command(&line).map(Some)
+        decode_command(&line)
+            .map(Some)
+            .map_err(|error| salvage(error, &line))
     }
 }
+
+/// A line that did not decode, and what could be read of it if it was an
+/// `RDATA` (boxed: the error path must not make every result larger).
+pub(crate) type Salvaged = Box<(DecodeError, Option<LostRdata>)>;
+
+#[cold]
+fn salvage(error: DecodeError, line: &[u8]) -> Salvaged {
+    Box::new((error, LostRdata::from_line(line)))
+}
+
+/// What can still be read of an `RDATA` line that does not decode (a row
+/// that is not valid JSON, a line over the length limit, a bad name or
+/// token): its row is lost. A follower must not step over it: with the
+/// writer and token known it fetches up to the token
+/// ([`Follower::handle_lost_rdata`](crate::positions::Follower::handle_lost_rdata));
+/// with less known, it checks the next move of every writer it may have
+/// come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostRdata {
+    /// The stream, if its name could be read.
+    pub stream: Option<StreamName>,
+    /// The writer, if its name could be read.
+    pub instance: Option<InstanceName>,
+    /// The row's token, if it could be read.
+    pub token: Option<RdataToken>,
+}
+
+impl LostRdata {
+    /// Reads what it can of `line`, an `RDATA` line that did not decode;
+    /// `None` if `line` is not an `RDATA` line at all.
+    pub fn from_line(line: &[u8]) -> Option<LostRdata> {
+        let rest = match line.strip_prefix(b"RDATA") {
+            Some([]) => &[][..],
+            Some([b' ', rest @ ..]) => rest,
+            _ => return None,
+        };
+        // Names and tokens are short: look no further than this for them
+        // in a line that may be megabytes long.
+        let head = rest.get(..HEADER_SCAN).unwrap_or(rest);
+        let mut fields = head.splitn(4, |b| *b == b' ');
+        let stream = fields.next().filter(|f| !f.is_empty()).and_then(|f| {
+            StreamName::known_bytes(f).or_else(|| {
+                std::str::from_utf8(f)
+                    .ok()
+                    .filter(|name| !name.contains('\n'))
+                    .map(StreamName::new)
+            })
+        });
+        let instance = fields
+            .next()
+            .filter(|f| !f.is_empty() && !f.contains(&b'\n'))
+            .and_then(InstanceName::from_line);
+        // A token is complete only if the row's separator follows it.
+        let token = fields
+            .next()
+            .filter(|_| fields.next().is_some())
+            .and_then(|f| match f {
+                b"batch" => Some(RdataToken::Batch),
+                digits => parse_i64(digits).map(|value| RdataToken::At(Token(value))),
+            });
+        // In a head cut short, the last field read may be cut too: trust a
+        // name there only if a space followed it.
+        let (stream, instance) = match token {
+            Some(_) => (stream, instance),
+            None if head.len() < rest.len() => (
+                stream.filter(|_| head.contains(&b' ')),
+                instance.filter(|_| head.iter().filter(|b| **b == b' ').count() >= 2),
+            ),
+            None => (stream, instance),
+        };
+        Some(LostRdata {
+            stream,
+            instance,
+            token,
+        })
+    }
+}
+
+/// How far into an `RDATA` line [`LostRdata::from_line`] looks for the
+/// stream, the writer and the token.
+const HEADER_SCAN: usize = 1024;
 
 impl Command {
     /// Decodes one line with the default [`Decoder`].
@@ -455,7 +551,7 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
 /// [`decode_rdata`] for `RDATA` lines without the space after the name.
 #[inline(never)]
 fn decode_rdata_cold(line: Bytes) -> Result<Command, DecodeError> {
-    decode_rdata(line)
+    decode_rdata(line).map_err(|failed| failed.0)
 }
 
 /// How every complete `RDATA` line starts.
@@ -618,10 +714,31 @@ const fn eight_digits(word: u64) -> Option<u64> {
 /// Decodes an `RDATA` line. The row keeps the line's reference (the row
 /// ends the line), so no reference count is touched.
 #[inline(always)]
-fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
+fn decode_rdata(line: Bytes) -> Result<Command, Salvaged> {
+    match rdata_fields(&line) {
+        Ok((stream, instance, token, row_start)) => {
+            let mut row = line;
+            row.advance(row_start);
+            Ok(Command::Rdata(Rdata {
+                stream,
+                instance,
+                token,
+                row: RawRow::from_validated(row),
+            }))
+        }
+        Err(error) => Err(salvage(error, &line)),
+    }
+}
+
+/// The fields of an `RDATA` line, its row validated, and where the row
+/// starts.
+#[inline(always)]
+fn rdata_fields(
+    line: &Bytes,
+) -> Result<(StreamName, InstanceName, RdataToken, usize), DecodeError> {
     let kind = CommandKind::Rdata;
     let [stream_end, instance_end, token_end] = three_spaces(
-        &line,
+        line,
         RDATA.len(),
         kind,
         ["stream name", "instance name", "token", "row"],
@@ -629,7 +746,7 @@ fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
     let part = |start: usize, end: usize| line.get(start..end).unwrap_or_default();
     let token = match part(instance_end + 1, token_end) {
         b"batch" => RdataToken::Batch,
-        text => match token_at(&line, instance_end + 1, token_end) {
+        text => match token_at(line, instance_end + 1, token_end) {
             Some(value) => RdataToken::At(Token(value)),
             None => {
                 return Err(DecodeError::InvalidToken {
@@ -650,16 +767,9 @@ fn decode_rdata(line: Bytes) -> Result<Command, DecodeError> {
             input: snippet(row),
         },
     })?;
-    let stream = stream_name(&line, kind, part(RDATA.len(), stream_end))?;
+    let stream = stream_name(line, kind, part(RDATA.len(), stream_end))?;
     let instance = instance_name(kind, "instance name", part(stream_end + 1, instance_end))?;
-    let mut row = line;
-    row.advance(token_end + 1);
-    Ok(Command::Rdata(Rdata {
-        stream,
-        instance,
-        token,
-        row: RawRow::from_validated(row),
-    }))
+    Ok((stream, instance, token, token_end + 1))
 }
 
 #[cfg(test)]

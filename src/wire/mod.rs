@@ -35,7 +35,7 @@ mod token;
 pub use command::{
     Command, CommandKind, FederationAck, LockReleased, Position, Rdata, Side, UserIp, UserSync,
 };
-pub use decode::{Decoder, is_blank};
+pub use decode::{Decoder, LostRdata, is_blank};
 pub(crate) use error::snippet;
 pub use error::{DecodeError, EncodeError};
 pub use json::JsonError;
