@@ -30,7 +30,7 @@ use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSessi
 use synapse_replication::transport::{
     BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientEvent,
     RedisClientOptions, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
-    TokioRuntime,
+    TokioRuntime, async_trait,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -67,8 +67,9 @@ const PAGE: usize = 50;
 /// so that `limited` pages are exercised.
 struct LogSource(Log);
 
+#[async_trait]
 impl CatchUpSource for LogSource {
-    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
         let log = self.0.lock().expect("log");
         let mut updates: Vec<(Token, RawRow)> = Vec::new();
         let mut upto = request.to;
@@ -86,12 +87,10 @@ impl CatchUpSource for LogSource {
             }
             updates.push((*token, row.clone()));
         }
-        Box::pin(async move {
-            Ok(CatchUpPage {
-                updates,
-                upto,
-                limited,
-            })
+        Ok(CatchUpPage {
+            updates,
+            upto,
+            limited,
         })
     }
 }
@@ -829,17 +828,20 @@ struct FlakySource {
     calls: Mutex<u32>,
 }
 
+#[async_trait]
 impl CatchUpSource for FlakySource {
-    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
         if request.writer == self.writer {
-            let mut calls = self.calls.lock().expect("calls");
-            *calls += 1;
-            if *calls <= self.failures {
-                let error: BoxError = format!("writer unreachable (call {calls})").into();
-                return Box::pin(async move { Err(error) });
+            let calls = {
+                let mut calls = self.calls.lock().expect("calls");
+                *calls += 1;
+                *calls
+            };
+            if calls <= self.failures {
+                return Err(format!("writer unreachable (call {calls})").into());
             }
         }
-        LogSource(self.log.clone()).fetch(request)
+        LogSource(self.log.clone()).fetch(request).await
     }
 }
 

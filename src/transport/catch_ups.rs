@@ -155,9 +155,11 @@ impl CatchUps {
     pub(super) fn start(&mut self, request: &CatchUpRequest) {
         if let Some(source) = &self.source {
             let request = request.clone();
-            let fetch = source.fetch(request.clone());
-            self.fetches
-                .push(Box::pin(async move { Fetched::Page(request, fetch.await) }));
+            let source = Arc::clone(source);
+            self.fetches.push(Box::pin(async move {
+                let page = source.fetch(request.clone()).await;
+                Fetched::Page(request, page)
+            }));
         }
     }
 

@@ -244,41 +244,40 @@ impl<R: Runtime> fmt::Debug for HttpCatchUp<R> {
     }
 }
 
+#[async_trait::async_trait]
 impl<R: Runtime> CatchUpSource for HttpCatchUp<R> {
-    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
-        let shared = Arc::clone(&self.shared);
-        let https = Arc::clone(&self.https);
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
+        let shared = &self.shared;
+        let https = &self.https;
         let (timeout, max_body) = (self.timeout, self.max_body);
-        Box::pin(async move {
-            let deadline = shared.runtime.now().checked_add(timeout);
-            let sleep = match deadline {
-                Some(deadline) => shared.runtime.sleep_until(deadline),
-                None => Box::pin(future::pending()),
-            };
-            let exchange = pin!(shared.exchange(&request, &https, max_body));
-            let result = match future::select(exchange, sleep).await {
-                Either::Left((result, _)) => result,
-                Either::Right(((), _)) => Err(HttpCatchUpError::Timeout {
-                    stream: request.stream.clone(),
-                    writer: request.writer.clone(),
-                    timeout,
-                }),
-            };
-            match &result {
-                Ok(page) => tracing::debug!(
-                    stream = %request.stream,
-                    writer = %request.writer,
-                    from = %request.from,
-                    to = %request.to,
-                    rows = page.updates.len(),
-                    upto = %page.upto,
-                    limited = page.limited,
-                    "fetched catch-up page over HTTP"
-                ),
-                Err(error) => tracing::debug!(%error, "catch-up over HTTP failed"),
-            }
-            result.map_err(BoxError::from)
-        })
+        let deadline = shared.runtime.now().checked_add(timeout);
+        let sleep = match deadline {
+            Some(deadline) => shared.runtime.sleep_until(deadline),
+            None => Box::pin(future::pending()),
+        };
+        let exchange = pin!(shared.exchange(&request, https, max_body));
+        let result = match future::select(exchange, sleep).await {
+            Either::Left((result, _)) => result,
+            Either::Right(((), _)) => Err(HttpCatchUpError::Timeout {
+                stream: request.stream.clone(),
+                writer: request.writer.clone(),
+                timeout,
+            }),
+        };
+        match &result {
+            Ok(page) => tracing::debug!(
+                stream = %request.stream,
+                writer = %request.writer,
+                from = %request.from,
+                to = %request.to,
+                rows = page.updates.len(),
+                upto = %page.upto,
+                limited = page.limited,
+                "fetched catch-up page over HTTP"
+            ),
+            Err(error) => tracing::debug!(%error, "catch-up over HTTP failed"),
+        }
+        result.map_err(BoxError::from)
     }
 }
 

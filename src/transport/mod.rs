@@ -80,6 +80,8 @@ use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+pub use async_trait::async_trait;
+
 use crate::positions::{CatchUpPage, CatchUpRequest};
 
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
@@ -106,18 +108,40 @@ pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 /// [`CatchUpRequest`] with one page of rows.
 ///
 /// Synapse answers over HTTP (`get_repl_stream_updates`, see
-/// [`CatchUpRequest::path`]); a Rust deployment answers from the writer's
-/// log. A page may be `limited` (the follower then asks for the next).
-/// Errors are retried by the driver, with backoff.
+/// [`CatchUpRequest::path`] and [`HttpCatchUp`](crate::transport::HttpCatchUp));
+/// a Rust deployment answers from the writer's log. A page may be
+/// `limited` (the follower then asks for the next). Errors are retried by
+/// the driver, with a backoff per (stream, writer).
+///
+/// Implement it with `async fn` through the
+/// [`async_trait`](https://docs.rs/async-trait) attribute, which this
+/// crate re-exports:
+///
+/// ```
+/// use synapse_replication::positions::{CatchUpPage, CatchUpRequest};
+/// use synapse_replication::transport::{BoxError, CatchUpSource, async_trait};
+///
+/// /// Nothing is ever missing.
+/// struct Empty;
+///
+/// #[async_trait]
+/// impl CatchUpSource for Empty {
+///     async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
+///         Ok(CatchUpPage { updates: Vec::new(), upto: request.to, limited: false })
+///     }
+/// }
+/// ```
 ///
 /// Closures `Fn(CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage,
-/// BoxError>>` implement it.
+/// BoxError>>` implement it too.
+#[async_trait]
 pub trait CatchUpSource: Send + Sync + 'static {
     /// Fetches the rows of `request.writer` on `request.stream` with tokens
     /// in `(request.from, request.to]`.
-    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>>;
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError>;
 }
 
+#[async_trait]
 impl<F> CatchUpSource for F
 where
     F: Fn(CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>>
@@ -125,8 +149,8 @@ where
         + Sync
         + 'static,
 {
-    fn fetch(&self, request: CatchUpRequest) -> BoxFuture<'static, Result<CatchUpPage, BoxError>> {
-        self(request)
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
+        self(request).await
     }
 }
 
