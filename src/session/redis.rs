@@ -1289,6 +1289,7 @@ impl RedisSession {
             follower_buffered_bytes: self.follower.buffered_bytes(),
             catch_ups: self.follower.outstanding_catch_ups().len(),
             counters: self.counters.clone(),
+            refused_commands: 0,
         }
     }
 

@@ -34,6 +34,11 @@ pub struct RedisStats {
     pub catch_ups: usize,
     /// Counters by command kind, drops, errors, connections.
     pub counters: RedisCounters,
+    /// Commands a [`CommandSender`](crate::transport::CommandSender)
+    /// refused because the client's queue was full. Only the client knows:
+    /// filled in by `RedisClient::stats`, 0 from
+    /// [`RedisSession::stats`](super::RedisSession::stats).
+    pub refused_commands: u64,
 }
 
 #[cfg(feature = "metrics")]
@@ -57,7 +62,8 @@ impl RedisStats {
     /// - this crate's own: `synapse_replication_redis_read_buffer_bytes`,
     ///   `..._follower_buffered_bytes`, `..._catch_ups` (gauges),
     ///   `..._dropped_commands{command}`, `..._malformed_commands`,
-    ///   `..._publish_errors`, `..._connections{link}` (counters),
+    ///   `..._publish_errors`, `..._refused_commands`,
+    ///   `..._connections{link}` (counters),
     ///   each with `name`.
     pub fn record_metrics(&self, name: &str) {
         use crate::wire::CommandKind;
@@ -133,6 +139,10 @@ impl RedisStats {
             (
                 "synapse_replication_redis_publish_errors",
                 counters.publish_errors,
+            ),
+            (
+                "synapse_replication_redis_refused_commands",
+                self.refused_commands,
             ),
         ];
         for (metric, value) in plain {

@@ -95,8 +95,8 @@ pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 pub use smol::SmolRuntime;
 pub use tcp::{
-    CommandSender, Disconnect, TcpClient, TcpClientEvent, TcpClientOptions, TcpServer,
-    TcpServerEvent, TcpServerOptions,
+    CommandSendError, CommandSender, Disconnect, TcpClient, TcpClientEvent, TcpClientOptions,
+    TcpServer, TcpServerEvent, TcpServerOptions,
 };
 #[cfg(feature = "runtime-tokio")]
 pub use tokio::TokioRuntime;

@@ -9,18 +9,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc;
-use futures::stream::StreamExt;
-
 use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent};
-use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, SendError};
+use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, RedisStats, SendError};
 use crate::wire::{Command, CommandKind};
 
 use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::redis_config::RedisConfig;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::socket::{Link, Timer};
-use super::tcp::{CommandSender, Disconnect};
+use super::tcp::{CommandQueue, CommandSender, Disconnect};
 use super::{Backoff, BoxError, CatchUpSource};
 
 /// Passes of a driver's poll before it yields to the executor.
@@ -46,6 +43,14 @@ pub struct RedisClientOptions {
     /// Bytes read from a socket at once (256 KiB): a subscriber decodes
     /// every message of one read before reading again.
     pub read_buffer: usize,
+    /// Commands the client's [`CommandSender`]s may queue between two
+    /// turns of [`next_event`](RedisClient::next_event) (4096, see
+    /// [`CommandSender::DEFAULT_CAPACITY`]). Beyond it
+    /// [`CommandSender::send`] refuses with
+    /// [`CommandSendError::Full`](super::CommandSendError::Full), counted
+    /// in [`RedisStats::refused_commands`] ([`RedisClient::stats`]). 0
+    /// refuses every command.
+    pub command_queue: usize,
 }
 
 impl Default for RedisClientOptions {
@@ -57,6 +62,7 @@ impl Default for RedisClientOptions {
             connect_timeout: Duration::from_secs(10),
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 256 << 10,
+            command_queue: CommandSender::DEFAULT_CAPACITY,
         }
     }
 }
@@ -215,8 +221,8 @@ pub struct RedisClient<R: Runtime> {
     catch_ups: CatchUps,
     timer: Timer,
     read_buffer: Vec<u8>,
-    commands: mpsc::UnboundedReceiver<Command>,
-    sender: mpsc::UnboundedSender<Command>,
+    commands: CommandQueue,
+    sender: CommandSender,
     shutdown: bool,
 }
 
@@ -228,6 +234,7 @@ impl<R: Runtime> fmt::Debug for RedisClient<R> {
             .field("publisher", &self.slots[1].state.name())
             .field("session", &self.session)
             .field("fetches", &self.catch_ups.len())
+            .field("refused_commands", &self.commands.refused())
             .finish_non_exhaustive()
     }
 }
@@ -249,7 +256,7 @@ impl<R: Runtime> RedisClient<R> {
         session: RedisSession,
         options: RedisClientOptions,
     ) -> RedisClient<R> {
-        let (sender, commands) = mpsc::unbounded();
+        let (commands, sender) = CommandQueue::new(options.command_queue);
         let slot = || Slot {
             state: State::Start,
             backoff: Backoff::new(options.initial_backoff, options.max_backoff),
@@ -303,9 +310,18 @@ impl<R: Runtime> RedisClient<R> {
         self.session
     }
 
-    /// A handle to send commands from other tasks.
+    /// A handle to send commands from other tasks, through a queue of
+    /// [`RedisClientOptions::command_queue`] commands.
     pub fn sender(&self) -> CommandSender {
-        CommandSender::new(self.sender.clone())
+        self.sender.clone()
+    }
+
+    /// The session's [`RedisStats`], with what only the client knows:
+    /// [`RedisStats::refused_commands`].
+    pub fn stats(&self) -> RedisStats {
+        let mut stats = self.session.stats();
+        stats.refused_commands = self.commands.refused();
+        stats
     }
 
     /// Publishes a command (see [`RedisSession::send`]); it is written
@@ -378,6 +394,7 @@ impl<R: Runtime> RedisClient<R> {
             slot.state = State::Idle;
         }
         self.shutdown = true;
+        self.commands.close();
         self.catch_ups.clear();
         self.events.clear();
     }
@@ -440,7 +457,7 @@ impl<R: Runtime> RedisClient<R> {
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(command)) = self.commands.poll_next_unpin(cx) {
+        while let Poll::Ready(Some(command)) = self.commands.poll_next(cx) {
             progress = true;
             let kind = command.kind();
             if let Err(error) = self.session.send(command) {

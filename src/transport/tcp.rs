@@ -8,6 +8,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -64,6 +65,17 @@ pub struct TcpServerOptions {
     /// After accepting fails (too many open files...), wait this long
     /// before accepting again (100 ms).
     pub accept_pause: Duration,
+    /// Connections served at once (1024), those closing included. A
+    /// connection accepted beyond it is closed at once, before a byte is
+    /// sent, reported as [`TcpServerEvent::Refused`] and counted in
+    /// [`TcpServer::refused_connections`]; once a connection ends, the
+    /// next is served again. 0 refuses every connection.
+    pub max_connections: usize,
+}
+
+impl TcpServerOptions {
+    /// The default of [`TcpServerOptions::max_connections`].
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 }
 
 impl Default for TcpServerOptions {
@@ -71,6 +83,7 @@ impl Default for TcpServerOptions {
         TcpServerOptions {
             read_buffer: 64 << 10,
             accept_pause: Duration::from_millis(100),
+            max_connections: TcpServerOptions::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -96,6 +109,13 @@ pub enum TcpServerEvent {
     /// Accepting a connection failed; the server goes on after
     /// [`TcpServerOptions::accept_pause`].
     AcceptFailed(io::Error),
+    /// A connection was closed as soon as it was accepted: the server
+    /// already serves [`TcpServerOptions::max_connections`]. Counted in
+    /// [`TcpServer::refused_connections`].
+    Refused {
+        /// Its address.
+        peer: SocketAddr,
+    },
     /// What the session reports.
     Session(ServerEvent),
 }
@@ -114,6 +134,10 @@ struct ServerLink {
 /// there is something to report. Write rows between two calls through
 /// [`session_mut`](TcpServer::session_mut) (`write`, `advance`, `send`);
 /// they are sent during the next call.
+///
+/// It serves at most [`TcpServerOptions::max_connections`] clients at
+/// once (1024 by default); a connection beyond that is closed as soon as
+/// it is accepted ([`TcpServerEvent::Refused`]).
 ///
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
@@ -150,6 +174,7 @@ pub struct TcpServer<R: Runtime> {
     read_buffer: BytesMut,
     options: TcpServerOptions,
     accept_pause: Option<BoxFuture<'static, ()>>,
+    refused: u64,
 }
 
 impl<R: Runtime> fmt::Debug for TcpServer<R> {
@@ -157,6 +182,7 @@ impl<R: Runtime> fmt::Debug for TcpServer<R> {
         f.debug_struct("TcpServer")
             .field("local_addr", &self.listener.local_addr().ok())
             .field("clients", &self.links.len())
+            .field("refused", &self.refused)
             .field("session", &self.session)
             .finish_non_exhaustive()
     }
@@ -188,6 +214,7 @@ impl<R: Runtime> TcpServer<R> {
             read_buffer: BytesMut::new(),
             options,
             accept_pause: None,
+            refused: 0,
         })
     }
 
@@ -199,6 +226,12 @@ impl<R: Runtime> TcpServer<R> {
     /// The session.
     pub fn session(&self) -> &ServerSession {
         &self.session
+    }
+
+    /// Connections closed at once because
+    /// [`TcpServerOptions::max_connections`] were already served.
+    pub fn refused_connections(&self) -> u64 {
+        self.refused
     }
 
     /// The session, to write rows and send commands. Do not `accept` or
@@ -258,6 +291,13 @@ impl<R: Runtime> TcpServer<R> {
         let mut progress = false;
         for _ in 0..BUDGET {
             match self.listener.poll_accept(cx) {
+                Poll::Ready(Ok((io, peer))) if self.links.len() >= self.options.max_connections => {
+                    // Dropping the socket closes it: nothing was sent.
+                    drop(io);
+                    self.refused += 1;
+                    self.events.push_back(TcpServerEvent::Refused { peer });
+                    progress = true;
+                }
                 Poll::Ready(Ok((io, peer))) => {
                     let client = self.session.accept(now);
                     self.links.insert(
@@ -359,6 +399,12 @@ pub struct TcpClientOptions {
     pub catch_up_backoff: Duration,
     /// Bytes read from the socket at once (64 KiB).
     pub read_buffer: usize,
+    /// Commands the client's [`CommandSender`]s may queue between two
+    /// turns of [`next_event`](TcpClient::next_event) (4096, see
+    /// [`CommandSender::DEFAULT_CAPACITY`]). Beyond it
+    /// [`CommandSender::send`] refuses with [`CommandSendError::Full`],
+    /// counted in [`TcpClient::refused_commands`]. 0 refuses every command.
+    pub command_queue: usize,
 }
 
 impl Default for TcpClientOptions {
@@ -370,6 +416,7 @@ impl Default for TcpClientOptions {
             connect_timeout: Duration::from_secs(30),
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 64 << 10,
+            command_queue: CommandSender::DEFAULT_CAPACITY,
         }
     }
 }
@@ -431,21 +478,134 @@ pub enum TcpClientEvent {
     },
 }
 
+/// Why a [`CommandSender`] did not queue a command. Each gives the command
+/// back ([`CommandSendError::into_command`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandSendError {
+    /// The queue holds its capacity of commands: the client's task has not
+    /// taken them yet (it is busy, or `next_event` is not being awaited).
+    /// Retry later, or drop the command; counted in the client's
+    /// `refused_commands`.
+    #[error("command queue full ({capacity} commands): the client is not taking them")]
+    Full {
+        /// The command.
+        command: Box<Command>,
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The client was closed or dropped: no command will be sent any more.
+    #[error("the client is closed")]
+    Closed(Box<Command>),
+}
+
+impl CommandSendError {
+    /// The command that was not queued.
+    pub fn into_command(self) -> Command {
+        match self {
+            CommandSendError::Full { command, .. } | CommandSendError::Closed(command) => *command,
+        }
+    }
+}
+
+/// The bound of a client's command queue, and what it refused.
+#[derive(Debug)]
+struct QueueCount {
+    capacity: usize,
+    len: AtomicUsize,
+    refused: AtomicU64,
+}
+
 /// Sends commands to a [`TcpClient`] or a [`RedisClient`](super::RedisClient)
 /// from other tasks; they are sent during the client's next `next_event`.
+///
+/// The queue is bounded (the clients' `command_queue` option,
+/// [`CommandSender::DEFAULT_CAPACITY`] by default): when it is full,
+/// [`send`](CommandSender::send) returns [`CommandSendError::Full`] with
+/// the command at once, and the client counts it (`refused_commands`).
 #[derive(Clone, Debug)]
-pub struct CommandSender(mpsc::UnboundedSender<Command>);
+pub struct CommandSender {
+    sender: mpsc::UnboundedSender<Command>,
+    count: Arc<QueueCount>,
+}
 
 impl CommandSender {
-    pub(super) fn new(sender: mpsc::UnboundedSender<Command>) -> CommandSender {
-        CommandSender(sender)
+    /// The default capacity of a client's command queue: 4096 commands.
+    pub const DEFAULT_CAPACITY: usize = 4096;
+
+    /// Queues `command`, or gives it back: [`CommandSendError::Full`] when
+    /// the queue holds its capacity, [`CommandSendError::Closed`] once the
+    /// client is closed or dropped. Never waits.
+    pub fn send(&self, command: Command) -> Result<(), CommandSendError> {
+        let count = &self.count;
+        let mut len = count.len.load(Ordering::Acquire);
+        loop {
+            if len >= count.capacity {
+                count.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(CommandSendError::Full {
+                    command: Box::new(command),
+                    capacity: count.capacity,
+                });
+            }
+            match count
+                .len
+                .compare_exchange_weak(len, len + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => len = now,
+            }
+        }
+        self.sender.unbounded_send(command).map_err(|error| {
+            count.len.fetch_sub(1, Ordering::AcqRel);
+            CommandSendError::Closed(Box::new(error.into_inner()))
+        })
     }
 
-    /// Queues `command`; gives it back if the client is gone.
-    pub fn send(&self, command: Command) -> Result<(), Box<Command>> {
-        self.0
-            .unbounded_send(command)
-            .map_err(|error| Box::new(error.into_inner()))
+    /// The most commands the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.count.capacity
+    }
+}
+
+/// The client's end of the command queue.
+pub(super) struct CommandQueue {
+    receiver: mpsc::UnboundedReceiver<Command>,
+    count: Arc<QueueCount>,
+}
+
+impl CommandQueue {
+    /// A queue of `capacity` commands, and a sender to clone.
+    pub(super) fn new(capacity: usize) -> (CommandQueue, CommandSender) {
+        let (sender, receiver) = mpsc::unbounded();
+        let count = Arc::new(QueueCount {
+            capacity,
+            len: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let queue = CommandQueue {
+            receiver,
+            count: Arc::clone(&count),
+        };
+        (queue, CommandSender { sender, count })
+    }
+
+    /// The next command queued, if any.
+    pub(super) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Command>> {
+        let next = self.receiver.poll_next_unpin(cx);
+        if let Poll::Ready(Some(_)) = &next {
+            self.count.len.fetch_sub(1, Ordering::AcqRel);
+        }
+        next
+    }
+
+    /// Refuses every command from now on ([`CommandSendError::Closed`]).
+    pub(super) fn close(&mut self) {
+        self.receiver.close();
+    }
+
+    /// Commands refused because the queue was full.
+    pub(super) fn refused(&self) -> u64 {
+        self.count.refused.load(Ordering::Relaxed)
     }
 }
 
@@ -491,8 +651,8 @@ pub struct TcpClient<R: Runtime> {
     backoff: Backoff,
     timer: Timer,
     read_buffer: BytesMut,
-    commands: mpsc::UnboundedReceiver<Command>,
-    sender: mpsc::UnboundedSender<Command>,
+    commands: CommandQueue,
+    sender: CommandSender,
 }
 
 impl<R: Runtime> fmt::Debug for TcpClient<R> {
@@ -509,6 +669,7 @@ impl<R: Runtime> fmt::Debug for TcpClient<R> {
             .field("state", &state)
             .field("session", &self.session)
             .field("fetches", &self.catch_ups.len())
+            .field("refused_commands", &self.commands.refused())
             .finish_non_exhaustive()
     }
 }
@@ -528,7 +689,7 @@ impl<R: Runtime> TcpClient<R> {
         session: ClientSession,
         options: TcpClientOptions,
     ) -> TcpClient<R> {
-        let (sender, commands) = mpsc::unbounded();
+        let (commands, sender) = CommandQueue::new(options.command_queue);
         TcpClient {
             runtime,
             addr: addr.into(),
@@ -572,9 +733,15 @@ impl<R: Runtime> TcpClient<R> {
         &mut self.session
     }
 
-    /// A handle to send commands from other tasks.
+    /// A handle to send commands from other tasks, through a queue of
+    /// [`TcpClientOptions::command_queue`] commands.
     pub fn sender(&self) -> CommandSender {
-        CommandSender(self.sender.clone())
+        self.sender.clone()
+    }
+
+    /// Commands a [`CommandSender`] refused because the queue was full.
+    pub fn refused_commands(&self) -> u64 {
+        self.commands.refused()
     }
 
     /// Queues a command for the server (see [`ClientSession::send`]); it is
@@ -634,6 +801,7 @@ impl<R: Runtime> TcpClient<R> {
             self.session.disconnected();
         }
         self.state = ClientState::Shutdown;
+        self.commands.close();
         self.catch_ups.clear();
         self.events.clear();
     }
@@ -661,7 +829,7 @@ impl<R: Runtime> TcpClient<R> {
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(command)) = self.commands.poll_next_unpin(cx) {
+        while let Poll::Ready(Some(command)) = self.commands.poll_next(cx) {
             progress = true;
             let kind = command.kind();
             if let Err(error) = self.session.send(command) {
