@@ -133,6 +133,12 @@ fn user_ip_hides_its_token_in_debug_but_not_on_the_wire() {
     assert_eq!(&encoded[..], user_ip_line().as_bytes());
     let copy: UserIp = (**ip).clone();
     assert_hidden("a cloned UserIp", &copy);
+
+    // A USER_IP that does not decode: the error does not quote the token.
+    let bad = user_ip_line().replace("1700000000000]", "\"x\"]");
+    let error = Command::decode(Bytes::from(bad)).expect_err("an invalid USER_IP");
+    assert_hidden("DecodeError", &error);
+    assert!(!error.to_string().contains(TOKEN), "{error}");
 }
 
 #[test]
@@ -162,6 +168,20 @@ fn configs_and_credentials_hide_the_password() {
     let options = config.session_options(PREFIX);
     assert_eq!(options.auth, Some(auth(Some("synapse"))));
     assert_hidden("RedisOptions", &options);
+
+    // Errors quote the bad part of a URL, never the password beside it.
+    for bad in [
+        format!("redis://:{PASSWORD}@host:port/0"),
+        format!("redis://:{PASSWORD}@[::1/0"),
+        format!("redis://:{PASSWORD}@host/db"),
+        format!("redis://:{PASSWORD}@host?timeout=1"),
+        format!("unix:///run/redis.sock?password={PASSWORD}&x=1"),
+        format!("redis://:{PASSWORD}%zz@host"),
+    ] {
+        let error = RedisConfig::from_url(&bad).expect_err("an invalid url");
+        assert_hidden("RedisConfigError", &error);
+        assert!(!error.to_string().contains(PASSWORD), "{error}");
+    }
 
     let credentials = Credentials {
         username: Some(b"synapse"),
