@@ -1,0 +1,257 @@
+//! What a [`Follower`](super::Follower) tells the application, the limits
+//! it keeps to, and what it counts.
+
+use std::fmt;
+
+use crate::wire::{CommandKind, InstanceName, StreamName, Token};
+
+use super::super::catch_up::CatchUpRequest;
+use super::Rows;
+
+/// What the application must do, as a [`Follower`] decides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FollowerEvent {
+    /// Rows of one token, to apply together (a batch is never split).
+    ///
+    /// Rows of one (stream, writer) come in strictly increasing token order,
+    /// each exactly once, unless a [`FollowerEvent::Reset`] intervenes.
+    Rows {
+        /// The stream.
+        stream: StreamName,
+        /// The writer that wrote them.
+        writer: InstanceName,
+        /// Their token: the writer's position once they are applied.
+        token: Token,
+        /// The rows, in the order written.
+        rows: Rows,
+        /// Whether they came live or from a catch-up.
+        source: RowSource,
+    },
+    /// The writer's position moved to `token` without rows (a `POSITION`
+    /// with nothing missed, the end of a catch-up, a first position).
+    Position {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The new position.
+        token: Token,
+    },
+    /// Rows were missed: fetch them (see [`CatchUpRequest`]) and answer with
+    /// [`Follower::handle_catch_up`] or [`Follower::catch_up_failed`]. The
+    /// stream's later commands wait until then.
+    CatchUp(CatchUpRequest),
+    /// The writer's stream went backwards (`POSITION` with a new token below
+    /// the current one, on a stream whose tokens may restart: see
+    /// [`tokens_only_grow`](super::tokens_only_grow)). The writer restarted:
+    /// forget what its rows built (Synapse's typing handler clears every
+    /// room). Rows of its new life follow, starting above 0, through a
+    /// catch-up when some were already written.
+    Reset {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The position before the reset.
+        previous: Token,
+        /// The writer's announced position.
+        new: Token,
+    },
+    /// A command from an instance that may not write the stream (or one
+    /// more writer than the limit) was ignored; no state changed.
+    Rejected {
+        /// The stream.
+        stream: StreamName,
+        /// The sender named in the command.
+        instance: InstanceName,
+        /// `RDATA` or `POSITION`.
+        command: CommandKind,
+        /// Why.
+        reason: RejectReason,
+    },
+}
+
+impl fmt::Display for FollowerEvent {
+    /// A one-line summary (rows are counted, not printed).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FollowerEvent::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            } => {
+                write!(
+                    f,
+                    "rows {stream} {writer} {token} ({} rows, {source:?})",
+                    rows.len()
+                )
+            }
+            FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            } => {
+                write!(f, "position {stream} {writer} {token}")
+            }
+            FollowerEvent::CatchUp(request) => write!(f, "{request}"),
+            FollowerEvent::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            } => {
+                write!(f, "reset {stream} {writer} {previous} -> {new}")
+            }
+            FollowerEvent::Rejected {
+                stream,
+                instance,
+                command,
+                reason,
+            } => {
+                write!(f, "rejected {command} {stream} {instance}: {reason}")
+            }
+        }
+    }
+}
+
+/// Where rows came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowSource {
+    /// `RDATA` on the connection.
+    Live,
+    /// A catch-up page.
+    CatchUp,
+}
+
+/// Why a command was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The registry does not list the instance as a writer of the stream.
+    #[error("not a writer of this stream")]
+    NotAWriter,
+    /// The follower already tracks [`FollowerLimits::max_tracked_pairs`]
+    /// (stream, writer) pairs.
+    #[error("too many (stream, writer) pairs tracked")]
+    TooManyWriters,
+}
+
+/// A position that cannot be set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedError {
+    /// The registry refuses the pair.
+    #[error("cannot track {instance} on {stream}: {reason}")]
+    Rejected {
+        /// The stream.
+        stream: StreamName,
+        /// The instance.
+        instance: InstanceName,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// The follower's own rows are not followed (its echoes are ignored).
+    #[error("{0} is this follower's own name")]
+    OwnName(InstanceName),
+    /// A catch-up for the stream is outstanding.
+    #[error("a catch-up for {0} is outstanding")]
+    CatchUpOutstanding(StreamName),
+}
+
+/// Bounds on what a [`Follower`] holds, whatever its input.
+///
+/// When a bound is reached nothing is lost silently: the rows that could
+/// not be held are fetched again through a catch-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowerLimits {
+    /// Commands of one writer held while a catch-up of it is outstanding
+    /// (default 10 000). Beyond, the held commands are folded into one
+    /// summary (its last token, and whether a batch was open), which turns
+    /// into a catch-up up to that token once the current one completes.
+    pub max_queued_commands: usize,
+    /// `batch` rows held for one writer until their numbered row (default
+    /// 10 000). Beyond, the batch is dropped and its numbered row triggers a
+    /// catch-up up to its token instead of being applied.
+    pub max_batch_rows: usize,
+    /// Row bytes held in all queues and batches together (default 64 MiB);
+    /// beyond, the same as either limit above.
+    pub max_buffered_bytes: usize,
+    /// (stream, writer) pairs tracked (default 4096). A command that would
+    /// add one more is rejected with [`RejectReason::TooManyWriters`]; see
+    /// [`Follower::forget_writer`].
+    pub max_tracked_pairs: usize,
+}
+
+impl Default for FollowerLimits {
+    fn default() -> Self {
+        FollowerLimits {
+            max_queued_commands: 10_000,
+            max_batch_rows: 10_000,
+            max_buffered_bytes: 64 << 20,
+            max_tracked_pairs: 4096,
+        }
+    }
+}
+
+/// What a [`Follower`] has done, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowerCounters {
+    /// Numbered `RDATA` applied (each gave a [`FollowerEvent::Rows`]).
+    pub rdata_applied: u64,
+    /// Rows delivered, live and caught up.
+    pub rows_delivered: u64,
+    /// `RDATA` not above the writer's position, dropped.
+    pub rdata_stale: u64,
+    /// `RDATA` dropped because no `POSITION` of its writer was processed on
+    /// this connection yet.
+    pub rdata_unconnected: u64,
+    /// `batch` rows dropped (cut batches, stale batches, batches a
+    /// `POSITION` or a disconnection discarded).
+    pub batch_rows_discarded: u64,
+    /// Commands naming this follower as their sender, ignored.
+    pub own_echoes: u64,
+    /// Stream commands received while disconnected, ignored.
+    pub while_disconnected: u64,
+    /// Commands other than `RDATA` and `POSITION`, ignored.
+    pub ignored_commands: u64,
+    /// `POSITION`s processed.
+    pub positions_processed: u64,
+    /// Redundant `POSITION`s dropped (tokens only grow, nothing new).
+    pub positions_discarded: u64,
+    /// Commands rejected (see [`FollowerEvent::Rejected`]).
+    pub rejected: u64,
+    /// Resets (see [`FollowerEvent::Reset`]).
+    pub resets: u64,
+    /// Catch-up requests made (every page and retry counts).
+    pub catch_ups_requested: u64,
+    /// Catch-up pages applied.
+    pub catch_up_pages: u64,
+    /// Catch-ups completed.
+    pub catch_ups_completed: u64,
+    /// Catch-ups asked again after [`Follower::catch_up_failed`].
+    pub catch_up_retries: u64,
+    /// Times a stream's held commands were folded (queue limit reached).
+    pub queue_overflows: u64,
+    /// Times a batch was cut (batch limit reached).
+    pub batch_overflows: u64,
+    /// Held commands dropped because the connection was lost.
+    pub dropped_on_disconnect: u64,
+    /// `REPLICATE`s seen (each makes every writer's next command checked).
+    pub replicates: u64,
+    /// Commands after a `REPLICATE` that moved a writer forward and so
+    /// were checked by a catch-up rather than trusted.
+    pub unproven_checked: u64,
+    /// Catch-up rows outside the range asked for, skipped.
+    pub catch_up_rows_skipped: u64,
+    /// `RDATA` lines whose row could not be read, of a known writer and
+    /// token (each a gap to fetch).
+    pub rdata_lost: u64,
+    /// `RDATA` lines too broken to say whose row they held (each makes the
+    /// next move of every writer they may have come from checked).
+    pub rdata_unattributed: u64,
+}

@@ -1,0 +1,654 @@
+//! The follower: per (stream, writer) positions, batches, gaps and catch-up.
+//!
+//! [`Follower`] is the entry point; `events` holds what it reports,
+//! `rows` the rows of one token, and `state` the per-stream, per-writer
+//! state and the rules that move it.
+
+mod events;
+mod rows;
+mod state;
+
+pub use events::{
+    FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, SeedError,
+};
+pub use rows::Rows;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::wire::{
+    Command, CommandKind, InstanceName, LostRdata, Position, Rdata, StreamName, Token,
+};
+use crate::writers::{WriterRegistry, Writers};
+
+use super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
+use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
+
+/// Follows replication streams: the positions half of Synapse's
+/// `ReplicationCommandHandler`.
+///
+/// # Call order
+///
+/// 1. Create it with [`Follower::new`], then seed the positions the
+///    application persisted with [`Follower::set_position`]. A writer with
+///    no seeded position starts at the first `POSITION` it announces (rows
+///    before it are not fetched).
+/// 2. Call [`Follower::connected`] when the connection is ready (over
+///    Redis: once the subscription is confirmed), and
+///    [`Follower::disconnected`] when it is lost.
+/// 3. Feed every received command to [`Follower::handle_command`], in the
+///    order received. Only `RDATA`, `POSITION` and `REPLICATE` matter;
+///    the rest is ignored.
+/// 4. After every input, drain [`Follower::poll_event`] until `None` and
+///    act on each event in order: apply rows, record positions, start the
+///    catch-ups asked for.
+/// 5. Answer each [`CatchUpRequest`] exactly once, with
+///    [`Follower::handle_catch_up`] (a page of rows) or
+///    [`Follower::catch_up_failed`] (which asks again), then drain events.
+///    Catch-ups survive disconnections.
+///
+/// # Rules (Synapse's `handler.py`)
+///
+/// - Commands naming this follower as sender are its own echoes: ignored.
+/// - `RDATA` of a writer is dropped until a `POSITION` of that writer was
+///   processed on the current connection.
+/// - `batch` rows wait for their numbered row; `RDATA` not above the
+///   writer's position is stale and dropped (with its batch).
+/// - `POSITION prev new` with `prev <= current <= new`: nothing was missed,
+///   the position becomes `new`. Otherwise rows are missing: a catch-up
+///   from `current` to `new`. For streams whose tokens only grow, a
+///   `POSITION` with `new <= current` changes nothing; for the others it is
+///   a reset (the position restarts from 0).
+/// - While a catch-up of a writer is outstanding, that writer's commands
+///   on the stream wait, in order, and are processed when it completes.
+///   Other writers, and other streams, go on.
+/// - Catch-up rows outside the range asked for are skipped, not refused
+///   (see [`Follower::handle_catch_up`]).
+/// - Commands from instances the [`WriterRegistry`] does not list as
+///   writers of the stream are rejected (Synapse does not check this).
+///
+/// # A writer that lost its own connection
+///
+/// A Synapse writer whose Redis connection drops while it keeps writing
+/// loses what it publishes meanwhile. On reconnecting it publishes
+/// `REPLICATE`, may publish `RDATA` at its latest token, then
+/// `POSITION t t`; nothing on the wire shows the gap, and Synapse's own
+/// followers lose those rows. This follower does not: a `REPLICATE` (which
+/// names no sender) makes the next command of every writer unproven. Its
+/// next numbered `RDATA` above its position is fetched by a catch-up up to
+/// that token instead of being applied, and its next `POSITION` above its
+/// position is caught up to whatever its `prev` says. Commands held behind
+/// a catch-up keep their place relative to the `REPLICATE`. The cost is at
+/// most one catch-up per writer that moves forward right after a
+/// `REPLICATE`; what a writer publishes after its `REPLICATE` reaches every
+/// connected subscriber, so one check per writer is enough.
+///
+/// Deliberate differences from Synapse: connection state and `batch` rows
+/// are kept per (stream, writer), not per stream, so that a `POSITION` of
+/// one writer neither lets another writer's `RDATA` through before that
+/// writer announced itself, nor discards another writer's open batch; a
+/// reset fetches the rows of the writer's new life (Synapse's catch-up asks
+/// for the empty range `(current, new]`); a batch whose first rows were
+/// dropped (before the writer's `POSITION`, or over a limit) is fetched by a
+/// catch-up instead of being delivered incomplete; catch-ups and held
+/// commands are per writer, not per stream, so one writer's failing
+/// catch-up holds back no other; and `REPLICATE` is taken as a sign of a
+/// possible gap (above).
+///
+/// # Performance and memory
+///
+/// The common case (a numbered `RDATA` of a known stream, no catch-up
+/// outstanding) allocates only the event's `Vec` of rows and clones
+/// nothing: the event takes the command's names. Memory is bounded by
+/// [`FollowerLimits`] whatever the input.
+pub struct Follower {
+    own: InstanceName,
+    registry: Arc<dyn WriterRegistry>,
+    streams: Streams,
+    ctx: Ctx,
+}
+
+impl fmt::Debug for Follower {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Follower")
+            .field("own", &self.own)
+            .field("connected", &self.ctx.connected)
+            .field("tracked_pairs", &self.ctx.pairs)
+            .field("buffered_bytes", &self.ctx.buffered_bytes)
+            .field("counters", &self.ctx.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Follower {
+    /// A follower named `own_name` (its echoes are ignored), trusting the
+    /// writers `registry` lists, with the default [`FollowerLimits`].
+    pub fn new(own_name: InstanceName, registry: Arc<dyn WriterRegistry>) -> Follower {
+        Follower::with_limits(own_name, registry, FollowerLimits::default())
+    }
+
+    /// A follower with the given limits.
+    pub fn with_limits(
+        own_name: InstanceName,
+        registry: Arc<dyn WriterRegistry>,
+        limits: FollowerLimits,
+    ) -> Follower {
+        Follower {
+            own: own_name,
+            registry,
+            streams: Streams {
+                known: StreamName::KNOWN
+                    .iter()
+                    .cloned()
+                    .map(StreamState::new)
+                    .collect(),
+                others: Vec::new(),
+            },
+            ctx: Ctx {
+                limits,
+                events: VecDeque::new(),
+                counters: FollowerCounters::default(),
+                connected: false,
+                epoch: 0,
+                next_id: 0,
+                pairs: 0,
+                buffered_bytes: 0,
+            },
+        }
+    }
+
+    /// A connection is ready: commands handled from now on belong to it.
+    ///
+    /// Calling it while connected counts as a disconnection first.
+    pub fn connected(&mut self) {
+        if self.ctx.connected {
+            self.disconnected();
+        }
+        self.ctx.epoch += 1;
+        self.ctx.connected = true;
+    }
+
+    /// The connection is lost: every writer must announce itself again
+    /// before its `RDATA` is applied; open batches and commands held behind
+    /// catch-ups are dropped (the `POSITION`s of the next connection bring
+    /// them back through catch-ups). Outstanding catch-ups stay valid.
+    pub fn disconnected(&mut self) {
+        let ctx = &mut self.ctx;
+        ctx.connected = false;
+        for stream in self.streams.all_mut() {
+            for w in &mut stream.writers {
+                if let Some(mut pending) = w.pending.take() {
+                    for item in pending.queue.drain(..) {
+                        ctx.buffered_bytes -= item.bytes();
+                        match item {
+                            Queued::Fold(fold) => w.unproven |= fold.unproven,
+                            Queued::Replicate => w.unproven = true,
+                            _ => ctx.counters.dropped_on_disconnect += 1,
+                        }
+                    }
+                    if pending.catch_up.is_some() {
+                        pending.queued_commands = 0;
+                        w.pending = Some(pending);
+                    }
+                }
+                w.unproven &= w.position.is_some();
+                w.clear_batch(ctx);
+                w.batch_cut = false;
+                w.connected = false;
+            }
+        }
+    }
+
+    /// Whether a connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.ctx.connected
+    }
+
+    /// Handles one received command. Only `RDATA`, `POSITION` and
+    /// `REPLICATE` matter.
+    pub fn handle_command(&mut self, command: Command) {
+        match command {
+            Command::Rdata(rdata) => self.handle_rdata(rdata),
+            Command::Position(position) => self.handle_position(position),
+            Command::Replicate => self.handle_replicate(),
+            _ => self.ctx.counters.ignored_commands += 1,
+        }
+    }
+
+    /// Handles a received `REPLICATE`: some process (re)connected, and it
+    /// may be a writer that lost what it published while it was away
+    /// (Synapse drops it). `REPLICATE` does not say who sent it, so the
+    /// next command of every writer is checked: a numbered `RDATA` above
+    /// the writer's position is fetched through a catch-up up to its token
+    /// instead of being applied, and a `POSITION` above it is caught up to
+    /// even when its `prev` says nothing was missed.
+    ///
+    /// Over direct TCP no `REPLICATE` reaches a client; over Redis every
+    /// process hears every other's (and its own).
+    pub fn handle_replicate(&mut self) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        self.ctx.counters.replicates += 1;
+        for stream in self.streams.all_mut() {
+            for wi in 0..stream.writers.len() {
+                stream.handle(wi, Queued::Replicate, &mut self.ctx);
+            }
+        }
+    }
+
+    /// Counts a command of this follower's own that was not decoded (the
+    /// session recognised it as an echo): what `handle_command` would have
+    /// done with it.
+    pub(crate) fn note_own_echo(&mut self) {
+        if self.ctx.connected {
+            self.ctx.counters.own_echoes += 1;
+        } else {
+            self.ctx.counters.while_disconnected += 1;
+        }
+    }
+
+    /// Handles an `RDATA` line whose row could not be read (see
+    /// [`LostRdata`]). Its row is never stepped over:
+    ///
+    /// - stream, writer and token known: as the row itself would be, but
+    ///   fetched through a catch-up up to its token (a `batch` row makes
+    ///   its batch fetched whole);
+    /// - less known: every writer it may have come from (of its stream, if
+    ///   known; named, if known) has its next forward move checked, as
+    ///   after a `REPLICATE`. Whatever that writer sends next, the follower
+    ///   fetches from its own position rather than trust that nothing was
+    ///   missed.
+    pub fn handle_lost_rdata(&mut self, lost: &LostRdata) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if lost.instance.as_ref() == Some(&self.own) {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        if let (Some(stream), Some(instance), Some(token)) =
+            (&lost.stream, &lost.instance, lost.token)
+        {
+            let Some((slot, wi)) = self.pair_or_reject(stream, instance, CommandKind::Rdata) else {
+                return;
+            };
+            if let Some(state) = self.streams.get_mut(slot) {
+                state.handle(wi, Queued::Lost(token), &mut self.ctx);
+            }
+            return;
+        }
+        self.ctx.counters.rdata_unattributed += 1;
+        for state in self.streams.all_mut() {
+            if lost.stream.as_ref().is_some_and(|s| *s != state.name) {
+                continue;
+            }
+            for wi in 0..state.writers.len() {
+                let named = lost.instance.as_ref();
+                if named.is_some_and(|n| state.writers.get(wi).is_none_or(|w| w.name != *n)) {
+                    continue;
+                }
+                state.handle(wi, Queued::Replicate, &mut self.ctx);
+            }
+        }
+    }
+
+    /// Handles one received `RDATA`.
+    pub fn handle_rdata(&mut self, rdata: Rdata) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if rdata.instance == self.own {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        let Some((slot, wi)) =
+            self.pair_or_reject(&rdata.stream, &rdata.instance, CommandKind::Rdata)
+        else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return;
+        };
+        if stream.is_pending(wi) {
+            stream.enqueue(wi, Queued::Rdata(rdata), &mut self.ctx);
+        } else {
+            stream.process_rdata(wi, rdata, &mut self.ctx);
+        }
+    }
+
+    /// Handles one received `POSITION`.
+    pub fn handle_position(&mut self, position: Position) {
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        if position.instance == self.own {
+            self.ctx.counters.own_echoes += 1;
+            return;
+        }
+        let Some((slot, wi)) =
+            self.pair_or_reject(&position.stream, &position.instance, CommandKind::Position)
+        else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return;
+        };
+        if stream.discardable(wi, position.new_token) {
+            self.ctx.counters.positions_discarded += 1;
+        } else if stream.is_pending(wi) {
+            stream.enqueue(wi, Queued::Position(position), &mut self.ctx);
+        } else {
+            stream.process_position(
+                wi,
+                position.prev_token,
+                position.new_token,
+                false,
+                &mut self.ctx,
+            );
+        }
+    }
+
+    /// The next event, or `None` when there is none. Drain after every input.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<FollowerEvent> {
+        self.ctx.events.pop_front()
+    }
+
+    /// How many events wait for [`Follower::poll_event`].
+    pub(crate) fn queued_events(&self) -> usize {
+        self.ctx.events.len()
+    }
+
+    /// Applies one page of the answer to catch-up `id`.
+    ///
+    /// Rows are delivered grouped by token ([`RowSource::CatchUp`]). A
+    /// `limited` page yields a [`FollowerEvent::CatchUp`] for the next page
+    /// (a new id); the last page moves the writer to the requested `to`
+    /// ([`FollowerEvent::Position`]) and processes the writer's held
+    /// commands. Rows outside what was asked for are skipped (counted in
+    /// [`FollowerCounters::catch_up_rows_skipped`]): rows above the range
+    /// arrive live after the command that asked for it, rows at or below
+    /// its start were delivered already, and Synapse's `caches` endpoint
+    /// answers beyond the range on purpose. A page with rows out of token
+    /// order, or a `limited` page that does not advance, is refused whole
+    /// and the request stays outstanding.
+    pub fn handle_catch_up(
+        &mut self,
+        id: CatchUpId,
+        page: CatchUpPage,
+    ) -> Result<(), CatchUpError> {
+        let Some((slot, wi)) = self.streams.find_catch_up(id) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let Some(stream) = self.streams.get_mut(slot) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        stream.apply_page(wi, page, &mut self.ctx)
+    }
+
+    /// Catch-up `id` could not be fetched: it is asked again, with a new id
+    /// ([`FollowerEvent::CatchUp`]). The writer's commands keep waiting
+    /// (other writers' and other streams' do not); retrying (and backing
+    /// off) is the application's choice.
+    pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        let Some((stream, wi)) = self
+            .streams
+            .find_catch_up(id)
+            .and_then(|(slot, wi)| Some((self.streams.get_mut(slot)?, wi)))
+        else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let ctx = &mut self.ctx;
+        let Some(w) = stream.writers.get_mut(wi) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        let writer = w.name.clone();
+        let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.as_mut()) else {
+            return Err(CatchUpError::UnknownId(id));
+        };
+        catch_up.id = ctx.next_id();
+        ctx.counters.catch_ups_requested += 1;
+        ctx.counters.catch_up_retries += 1;
+        ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+            id: catch_up.id,
+            stream: stream.name.clone(),
+            writer,
+            from: catch_up.cursor,
+            to: catch_up.to,
+        }));
+        Ok(())
+    }
+
+    /// Sets the position of `writer` on `stream` (one the application
+    /// persisted), before following. The writer must still announce itself
+    /// with a `POSITION` on the connection; rows missed since `token` are
+    /// then caught up.
+    pub fn set_position(
+        &mut self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+    ) -> Result<(), SeedError> {
+        if *writer == self.own {
+            return Err(SeedError::OwnName(writer.clone()));
+        }
+        let (slot, wi) = self
+            .pair(stream, writer)
+            .map_err(|reason| SeedError::Rejected {
+                stream: stream.clone(),
+                instance: writer.clone(),
+                reason,
+            })?;
+        let ctx = &mut self.ctx;
+        let Some(state) = self.streams.get_mut(slot) else {
+            return Ok(());
+        };
+        if state.writers.get(wi).is_some_and(|w| w.pending.is_some()) {
+            return Err(SeedError::CatchUpOutstanding(stream.clone()));
+        }
+        if let Some(w) = state.writers.get_mut(wi) {
+            w.clear_batch(ctx);
+            w.batch_cut = false;
+            w.unproven = false;
+            w.connected = false;
+            w.position = Some(token);
+        }
+        Ok(())
+    }
+
+    /// Stops tracking `writer` on `stream` (a worker removed from the
+    /// deployment), freeing its slot under
+    /// [`FollowerLimits::max_tracked_pairs`]. Returns `false`, changing
+    /// nothing, if the pair is unknown or a catch-up of it is
+    /// outstanding.
+    pub fn forget_writer(&mut self, stream: &StreamName, writer: &InstanceName) -> bool {
+        let Some(slot) = self.streams.slot(stream) else {
+            return false;
+        };
+        let ctx = &mut self.ctx;
+        let Some(state) = self.streams.get_mut(slot) else {
+            return false;
+        };
+        let Some(wi) = state.writer_index(writer) else {
+            return false;
+        };
+        if state.is_pending(wi) {
+            return false;
+        }
+        let Some(mut removed) = state.remove_writer(wi) else {
+            return false;
+        };
+        removed.clear_batch(ctx);
+        ctx.pairs -= 1;
+        if let Slot::Other(index) = slot {
+            if state.writers.is_empty() {
+                self.streams.others.swap_remove(index);
+            }
+        }
+        true
+    }
+
+    /// The token up to which `writer`'s rows of `stream` were delivered.
+    pub fn position(&self, stream: &StreamName, writer: &InstanceName) -> Option<Token> {
+        self.streams.find(stream)?.writer(writer)?.position
+    }
+
+    /// The token up to which `stream` is complete: the minimum over its
+    /// writers' positions (Synapse's `MultiWriterIdGenerator` persisted
+    /// position, as seen by a process that writes nothing to the stream).
+    ///
+    /// Writers the registry lists whose position is unknown are left out,
+    /// as Synapse assumes a writer it never heard of is at the stream's
+    /// position. `None` when no writer's position is known.
+    pub fn stream_position(&self, stream: &StreamName) -> Option<Token> {
+        let state = self.streams.find(stream)?;
+        match self.registry.writers(stream) {
+            Writers::Only(list) => list
+                .iter()
+                .filter(|name| **name != self.own)
+                .filter_map(|name| state.writer(name)?.position)
+                .min(),
+            _ => state.writers.iter().filter_map(|w| w.position).min(),
+        }
+    }
+
+    /// Whether `writer`'s next `RDATA` on `stream` would be applied as it
+    /// comes: it announced itself on this connection, no catch-up of it is
+    /// outstanding, and no `REPLICATE` came since its last command (see
+    /// "A writer that lost its own connection" above).
+    pub fn is_writer_connected(&self, stream: &StreamName, writer: &InstanceName) -> bool {
+        self.streams
+            .find(stream)
+            .and_then(|s| s.writer(writer))
+            .is_some_and(|w| w.connected && !w.unproven && self.ctx.connected)
+    }
+
+    /// The catch-ups waiting for an answer (at most one per stream and
+    /// writer).
+    pub fn outstanding_catch_ups(&self) -> Vec<CatchUpRequest> {
+        self.streams
+            .all()
+            .flat_map(|s| {
+                s.writers.iter().filter_map(|w| {
+                    let c = w.catch_up()?;
+                    Some(CatchUpRequest {
+                        id: c.id,
+                        stream: s.name.clone(),
+                        writer: w.name.clone(),
+                        from: c.cursor,
+                        to: c.to,
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Commands of `stream` held behind its writers' catch-ups (folded
+    /// summaries not counted).
+    pub fn queued_commands(&self, stream: &StreamName) -> usize {
+        self.streams
+            .find(stream)
+            .map_or(0, StreamState::queued_commands)
+    }
+
+    /// Every stream with commands held behind a catch-up, and how many:
+    /// how far behind the application is, per stream (Synapse's
+    /// `synapse_replication_tcp_command_queue`).
+    pub fn queued_by_stream(&self) -> impl Iterator<Item = (&StreamName, usize)> {
+        self.streams
+            .all()
+            .map(|s| (&s.name, s.queued_commands()))
+            .filter(|(_, queued)| *queued > 0)
+    }
+
+    /// Row bytes held in queues and batches.
+    pub fn buffered_bytes(&self) -> usize {
+        self.ctx.buffered_bytes
+    }
+
+    /// (stream, writer) pairs tracked.
+    pub fn tracked_pairs(&self) -> usize {
+        self.ctx.pairs
+    }
+
+    /// What the follower has done so far.
+    pub fn counters(&self) -> &FollowerCounters {
+        &self.ctx.counters
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &FollowerLimits {
+        &self.ctx.limits
+    }
+
+    /// The follower's own instance name.
+    pub fn own_name(&self) -> &InstanceName {
+        &self.own
+    }
+
+    /// Finds the pair, or admits it if the registry agrees.
+    fn pair(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+    ) -> Result<(Slot, usize), RejectReason> {
+        let slot = self.streams.slot(stream);
+        if let Some(wi) = slot
+            .and_then(|s| self.streams.get(s))
+            .and_then(|s| s.writer_index(instance))
+        {
+            if let Some(slot) = slot {
+                return Ok((slot, wi));
+            }
+        }
+        if !self.registry.may_write(stream, instance) {
+            return Err(RejectReason::NotAWriter);
+        }
+        if self.ctx.pairs >= self.ctx.limits.max_tracked_pairs {
+            return Err(RejectReason::TooManyWriters);
+        }
+        let slot = match slot {
+            Some(slot) => slot,
+            None => {
+                // A stored copy, sharing no buffer with the line.
+                self.streams
+                    .others
+                    .push(StreamState::new(StreamName::from(stream.as_str())));
+                Slot::Other(self.streams.others.len() - 1)
+            }
+        };
+        let Some(state) = self.streams.get_mut(slot) else {
+            return Err(RejectReason::NotAWriter);
+        };
+        let wi = state.add_writer(WriterState::new(InstanceName::from(instance.as_str())));
+        self.ctx.pairs += 1;
+        Ok((slot, wi))
+    }
+
+    fn pair_or_reject(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+        command: CommandKind,
+    ) -> Option<(Slot, usize)> {
+        match self.pair(stream, instance) {
+            Ok(pair) => Some(pair),
+            Err(reason) => {
+                self.ctx.counters.rejected += 1;
+                self.ctx.events.push_back(FollowerEvent::Rejected {
+                    stream: stream.clone(),
+                    instance: instance.clone(),
+                    command,
+                    reason,
+                });
+                None
+            }
+        }
+    }
+}

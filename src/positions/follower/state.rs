@@ -1,0 +1,858 @@
+//! The follower's state, per stream and per writer, and the rules that
+//! move it: what [`Follower`](super::Follower)'s methods drive.
+
+use std::collections::{HashMap, VecDeque};
+use std::mem;
+
+use crate::wire::{InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token};
+
+use super::super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
+use super::super::tokens_only_grow;
+use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowSource, Rows};
+
+/// State shared by every stream.
+pub(super) struct Ctx {
+    pub(super) limits: FollowerLimits,
+    pub(super) events: VecDeque<FollowerEvent>,
+    pub(super) counters: FollowerCounters,
+    pub(super) connected: bool,
+    /// Incremented on every new connection.
+    pub(super) epoch: u64,
+    pub(super) next_id: u64,
+    pub(super) pairs: usize,
+    pub(super) buffered_bytes: usize,
+}
+
+impl Ctx {
+    pub(super) fn next_id(&mut self) -> CatchUpId {
+        self.next_id += 1;
+        CatchUpId(self.next_id)
+    }
+}
+
+pub(super) struct Streams {
+    /// One per [`StreamName::KNOWN`], in that order.
+    pub(super) known: Vec<StreamState>,
+    /// Streams this crate does not know, created when a writer of one is
+    /// admitted, removed when their last writer is forgotten.
+    pub(super) others: Vec<StreamState>,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Slot {
+    Known(usize),
+    Other(usize),
+}
+
+impl Streams {
+    pub(super) fn slot(&self, stream: &StreamName) -> Option<Slot> {
+        match known_index(stream) {
+            Some(index) => Some(Slot::Known(index)),
+            None => self
+                .others
+                .iter()
+                .position(|s| s.name == *stream)
+                .map(Slot::Other),
+        }
+    }
+
+    pub(super) fn get(&self, slot: Slot) -> Option<&StreamState> {
+        match slot {
+            Slot::Known(i) => self.known.get(i),
+            Slot::Other(i) => self.others.get(i),
+        }
+    }
+
+    pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut StreamState> {
+        match slot {
+            Slot::Known(i) => self.known.get_mut(i),
+            Slot::Other(i) => self.others.get_mut(i),
+        }
+    }
+
+    pub(super) fn find(&self, stream: &StreamName) -> Option<&StreamState> {
+        self.slot(stream).and_then(|slot| self.get(slot))
+    }
+
+    pub(super) fn all_mut(&mut self) -> impl Iterator<Item = &mut StreamState> {
+        self.known.iter_mut().chain(self.others.iter_mut())
+    }
+
+    pub(super) fn all(&self) -> impl Iterator<Item = &StreamState> {
+        self.known.iter().chain(self.others.iter())
+    }
+
+    /// The stream and writer whose catch-up has this id.
+    pub(super) fn find_catch_up(&self, id: CatchUpId) -> Option<(Slot, usize)> {
+        let find = |s: &StreamState| {
+            s.writers
+                .iter()
+                .position(|w| w.catch_up().is_some_and(|c| c.id == id))
+        };
+        let known = self
+            .known
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Slot::Known(i), s));
+        let others = self
+            .others
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Slot::Other(i), s));
+        known
+            .chain(others)
+            .find_map(|(slot, s)| find(s).map(|wi| (slot, wi)))
+    }
+}
+
+/// The index of a known stream in [`StreamName::KNOWN`], without comparing
+/// strings.
+fn known_index(stream: &StreamName) -> Option<usize> {
+    Some(match stream {
+        StreamName::Events => 0,
+        StreamName::Backfill => 1,
+        StreamName::Presence => 2,
+        StreamName::PresenceFederation => 3,
+        StreamName::Typing => 4,
+        StreamName::Receipts => 5,
+        StreamName::PushRules => 6,
+        StreamName::Pushers => 7,
+        StreamName::Caches => 8,
+        StreamName::DeviceLists => 9,
+        StreamName::ToDevice => 10,
+        StreamName::Federation => 11,
+        StreamName::AccountData => 12,
+        StreamName::ProfileUpdates => 13,
+        StreamName::StickyEvents => 14,
+        StreamName::ThreadSubscriptions => 15,
+        StreamName::UnPartialStatedRoom => 16,
+        StreamName::UnPartialStatedEvent => 17,
+        StreamName::QuarantinedMedia => 18,
+        StreamName::Other(_) => return None,
+    })
+}
+
+/// Up to this many writers per stream, a writer is found by comparing names;
+/// beyond, through a hash map.
+const LINEAR_WRITERS: usize = 8;
+
+pub(super) struct StreamState {
+    pub(super) name: StreamName,
+    monotonic: bool,
+    pub(super) writers: Vec<WriterState>,
+    /// Positions in `writers` by name, once there are more than
+    /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
+    pub(super) index: Option<HashMap<InstanceName, usize>>,
+}
+
+pub(super) struct WriterState {
+    /// A copy of the name that shares no buffer with any line.
+    pub(super) name: InstanceName,
+    pub(super) position: Option<Token>,
+    /// A `POSITION` of this writer was processed on the current connection
+    /// and no catch-up of it is outstanding.
+    pub(super) connected: bool,
+    /// Rows of the writer's open batch were lost: its numbered row must be
+    /// fetched rather than applied.
+    pub(super) batch_cut: bool,
+    /// A `REPLICATE` came since this writer's last command: it may be the
+    /// writer's own, sent on reconnecting after rows it wrote were lost, so
+    /// its next command is checked by a catch-up rather than trusted.
+    pub(super) unproven: bool,
+    pub(super) batch: Vec<RawRow>,
+    batch_bytes: usize,
+    /// The writer's outstanding catch-up and the commands held behind it.
+    pub(super) pending: Option<Box<Pending>>,
+}
+
+impl WriterState {
+    pub(super) fn new(name: InstanceName) -> WriterState {
+        WriterState {
+            name,
+            position: None,
+            connected: false,
+            batch_cut: false,
+            unproven: false,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            pending: None,
+        }
+    }
+
+    /// Drops the pending batch; returns how many rows it had.
+    pub(super) fn clear_batch(&mut self, ctx: &mut Ctx) -> usize {
+        let rows = self.batch.len();
+        ctx.buffered_bytes -= self.batch_bytes;
+        ctx.counters.batch_rows_discarded += rows as u64;
+        self.batch_bytes = 0;
+        self.batch = Vec::new();
+        rows
+    }
+
+    pub(super) fn catch_up(&self) -> Option<&CatchUp> {
+        self.pending.as_ref()?.catch_up.as_ref()
+    }
+
+    pub(super) fn queued_commands(&self) -> usize {
+        self.pending.as_ref().map_or(0, |p| p.queued_commands)
+    }
+}
+
+/// One writer's catch-up, and its commands that wait for it.
+pub(super) struct Pending {
+    /// `None` only while the queue is being processed after a catch-up.
+    pub(super) catch_up: Option<CatchUp>,
+    pub(super) queue: VecDeque<Queued>,
+    /// Entries of `queue` that are commands (not folds).
+    pub(super) queued_commands: usize,
+}
+
+pub(super) struct CatchUp {
+    pub(super) id: CatchUpId,
+    /// Rows above this token are asked for.
+    pub(super) cursor: Token,
+    pub(super) to: Token,
+    /// The connection it started on: only then does completing it connect
+    /// the writer.
+    pub(super) epoch: u64,
+}
+
+pub(super) enum Queued {
+    Rdata(Rdata),
+    /// An `RDATA` of this writer whose row could not be read.
+    Lost(RdataToken),
+    Position(Position),
+    Replicate,
+    Fold(Fold),
+}
+
+impl Queued {
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Queued::Rdata(rdata) => rdata.row.as_bytes().len(),
+            Queued::Lost(_) | Queued::Position(_) | Queued::Replicate | Queued::Fold(_) => 0,
+        }
+    }
+}
+
+/// What a writer's folded commands amounted to.
+#[derive(Default)]
+pub(super) struct Fold {
+    /// The new token of its first folded `POSITION`.
+    baseline: Option<Token>,
+    /// Its last token: the last `POSITION`'s, or a higher `RDATA`'s.
+    pub(super) last: Option<Token>,
+    /// `last` is a `POSITION`'s (which may announce a reset); an `RDATA`'s
+    /// at or below the writer's position is only stale.
+    last_announced: bool,
+    /// Whether its last folded `RDATA` was a `batch` row (`None`: no
+    /// `RDATA` was folded).
+    open_batch: Option<bool>,
+    /// A `REPLICATE` was folded after its last token.
+    pub(super) unproven: bool,
+}
+
+impl Fold {
+    fn absorb_rdata(&mut self, token: RdataToken) {
+        match token {
+            RdataToken::Batch => self.open_batch = Some(true),
+            RdataToken::At(token) => {
+                if self.last.is_none_or(|last| token > last) {
+                    self.last = Some(token);
+                    self.last_announced = false;
+                }
+                self.open_batch = Some(false);
+                // The fold's catch-up reaches this token.
+                self.unproven = false;
+            }
+        }
+    }
+
+    fn absorb(&mut self, item: Queued) {
+        match item {
+            Queued::Rdata(rdata) => self.absorb_rdata(rdata.token),
+            Queued::Position(position) => {
+                // As when processed: the POSITION does not close an open batch.
+                self.baseline = self.baseline.or(Some(position.new_token));
+                self.last = Some(position.new_token);
+                self.last_announced = true;
+                self.unproven = false;
+            }
+            // A lost row: its fold's catch-up fetches it.
+            Queued::Lost(token) => self.absorb_rdata(token),
+            Queued::Replicate => self.unproven = true,
+            // A fold only ever heads the queue it is folded with.
+            Queued::Fold(earlier) => {
+                self.baseline = self.baseline.or(earlier.baseline);
+                if earlier.last.is_some() {
+                    self.last = earlier.last;
+                    self.last_announced = earlier.last_announced;
+                }
+                self.open_batch = earlier.open_batch.or(self.open_batch);
+                self.unproven |= earlier.unproven;
+            }
+        }
+    }
+}
+
+impl StreamState {
+    pub(super) fn new(name: StreamName) -> StreamState {
+        StreamState {
+            monotonic: tokens_only_grow(&name),
+            name,
+            writers: Vec::new(),
+            index: None,
+        }
+    }
+
+    pub(super) fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(instance).copied(),
+            None => self.writers.iter().position(|w| w.name == *instance),
+        }
+    }
+
+    pub(super) fn writer(&self, instance: &InstanceName) -> Option<&WriterState> {
+        self.writer_index(instance)
+            .and_then(|wi| self.writers.get(wi))
+    }
+
+    pub(super) fn add_writer(&mut self, writer: WriterState) -> usize {
+        let wi = self.writers.len();
+        if let Some(index) = &mut self.index {
+            index.insert(writer.name.clone(), wi);
+        }
+        if wi < LINEAR_WRITERS {
+            // Most streams have one to four writers: no slack.
+            self.writers.reserve_exact(1);
+        }
+        self.writers.push(writer);
+        if self.index.is_none() && self.writers.len() > LINEAR_WRITERS {
+            let index = self
+                .writers
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.name.clone(), i))
+                .collect();
+            self.index = Some(index);
+        }
+        wi
+    }
+
+    pub(super) fn remove_writer(&mut self, wi: usize) -> Option<WriterState> {
+        if wi >= self.writers.len() {
+            return None;
+        }
+        let removed = self.writers.swap_remove(wi);
+        if let Some(index) = &mut self.index {
+            index.remove(&removed.name);
+            if let Some(moved) = self.writers.get(wi) {
+                index.insert(moved.name.clone(), wi);
+            }
+        }
+        Some(removed)
+    }
+
+    /// Commands held behind this stream's catch-ups.
+    pub(super) fn queued_commands(&self) -> usize {
+        self.writers.iter().map(WriterState::queued_commands).sum()
+    }
+
+    /// Whether writer `wi` has a catch-up outstanding or commands held.
+    pub(super) fn is_pending(&self, wi: usize) -> bool {
+        self.writers.get(wi).is_some_and(|w| w.pending.is_some())
+    }
+
+    /// Processes a command of writer `wi` now, or holds it behind the
+    /// writer's catch-up.
+    pub(super) fn handle(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        if self.is_pending(wi) {
+            self.enqueue(wi, item, ctx);
+        } else {
+            self.process(wi, item, ctx);
+        }
+    }
+
+    pub(super) fn process(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        match item {
+            Queued::Rdata(rdata) => self.process_rdata(wi, rdata, ctx),
+            Queued::Position(position) => {
+                self.process_position(wi, position.prev_token, position.new_token, false, ctx)
+            }
+            Queued::Lost(token) => self.process_lost(wi, token, ctx),
+            Queued::Replicate => {
+                if let Some(w) = self.writers.get_mut(wi) {
+                    w.unproven = w.position.is_some();
+                }
+            }
+            Queued::Fold(fold) => self.process_fold(wi, fold, ctx),
+        }
+    }
+
+    pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let position = match w.position {
+            Some(position) if w.connected => position,
+            _ => {
+                ctx.counters.rdata_unconnected += 1;
+                // Remember whether this writer's open batch lost rows.
+                w.batch_cut = rdata.token.is_batch();
+                return;
+            }
+        };
+        let token = match rdata.token {
+            RdataToken::At(token) => token,
+            RdataToken::Batch => {
+                if w.batch_cut || w.unproven {
+                    // Its numbered row is fetched, with the whole batch.
+                    ctx.counters.batch_rows_discarded += 1;
+                    return;
+                }
+                let len = rdata.row.as_bytes().len();
+                if w.batch.len() >= ctx.limits.max_batch_rows
+                    || ctx.buffered_bytes.saturating_add(len) > ctx.limits.max_buffered_bytes
+                {
+                    ctx.counters.batch_overflows += 1;
+                    ctx.counters.batch_rows_discarded += 1;
+                    w.clear_batch(ctx);
+                    w.batch_cut = true;
+                    return;
+                }
+                ctx.buffered_bytes += len;
+                w.batch_bytes += len;
+                w.batch.push(rdata.row);
+                return;
+            }
+        };
+        if w.unproven && token > position {
+            // Rows the writer wrote before this one may never have been
+            // published: fetch up to it rather than apply it.
+            w.unproven = false;
+            w.batch_cut = false;
+            w.clear_batch(ctx);
+            ctx.counters.unproven_checked += 1;
+            self.start_catch_up(wi, position, token, ctx);
+            return;
+        }
+        if w.batch_cut {
+            w.batch_cut = false;
+            w.clear_batch(ctx);
+            if token > position {
+                self.start_catch_up(wi, position, token, ctx);
+            } else {
+                ctx.counters.rdata_stale += 1;
+            }
+            return;
+        }
+        if token <= position {
+            ctx.counters.rdata_stale += 1;
+            w.clear_batch(ctx);
+            return;
+        }
+        let rows = if w.batch.is_empty() {
+            Rows::one(rdata.row)
+        } else {
+            ctx.buffered_bytes -= w.batch_bytes;
+            w.batch_bytes = 0;
+            let mut rows = mem::take(&mut w.batch);
+            rows.push(rdata.row);
+            Rows::from(rows)
+        };
+        w.position = Some(token);
+        ctx.counters.rdata_applied += 1;
+        ctx.counters.rows_delivered += rows.len() as u64;
+        ctx.events.push_back(FollowerEvent::Rows {
+            stream: rdata.stream,
+            writer: rdata.instance,
+            token,
+            rows,
+            source: RowSource::Live,
+        });
+    }
+
+    /// An `RDATA` of writer `wi` whose row is lost: a gap to fetch, never
+    /// one to step over.
+    fn process_lost(&mut self, wi: usize, token: RdataToken, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        ctx.counters.rdata_lost += 1;
+        let position = match w.position {
+            Some(position) if w.connected => position,
+            _ => {
+                // Dropped anyway; its POSITION brings a catch-up.
+                w.batch_cut = token.is_batch();
+                return;
+            }
+        };
+        match token {
+            RdataToken::Batch => {
+                // The batch is incomplete: its numbered row is fetched.
+                w.clear_batch(ctx);
+                w.batch_cut = true;
+            }
+            RdataToken::At(token) if token > position => {
+                w.batch_cut = false;
+                w.unproven = false;
+                w.clear_batch(ctx);
+                self.start_catch_up(wi, position, token, ctx);
+            }
+            RdataToken::At(_) => {
+                // A row at or below the position was delivered already.
+                ctx.counters.rdata_stale += 1;
+                w.clear_batch(ctx);
+                w.batch_cut = false;
+            }
+        }
+    }
+
+    /// Whether a `POSITION` can be dropped unseen (Synapse's
+    /// `can_discard_position` on a connected stream). One at the writer's
+    /// position after a `REPLICATE` is kept: it proves the writer lost
+    /// nothing.
+    pub(super) fn discardable(&self, wi: usize, new: Token) -> bool {
+        self.monotonic
+            && self.writers.get(wi).is_some_and(|w| {
+                w.connected
+                    && w.position
+                        .is_some_and(|p| new < p || (new == p && !w.unproven))
+            })
+    }
+
+    /// `POSITION prev new`, or (`forced`) a fold's summary, which always
+    /// fetches up to `new` what may be missing.
+    pub(super) fn process_position(
+        &mut self,
+        wi: usize,
+        prev: Token,
+        new: Token,
+        forced: bool,
+        ctx: &mut Ctx,
+    ) {
+        if !forced && self.discardable(wi, new) {
+            ctx.counters.positions_discarded += 1;
+            return;
+        }
+        let monotonic = self.monotonic;
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        ctx.counters.positions_processed += 1;
+        if w.clear_batch(ctx) > 0 {
+            // The batch's numbered row, if it comes, must not be applied alone.
+            w.batch_cut = true;
+        }
+        w.connected = false;
+        let Some(original) = w.position else {
+            // A writer never seen: start from its announced position.
+            w.position = Some(new);
+            w.connected = ctx.connected;
+            w.unproven = false;
+            self.push_position(wi, new, ctx);
+            return;
+        };
+        let mut current = original;
+        if current > new {
+            if monotonic {
+                // A late POSITION: this stream cannot go backwards.
+                w.connected = ctx.connected;
+                return;
+            }
+            ctx.counters.resets += 1;
+            current = if new > Token(0) { Token(0) } else { new };
+            w.position = Some(current);
+            w.batch_cut = false;
+            ctx.events.push_back(FollowerEvent::Reset {
+                stream: self.name.clone(),
+                writer: w.name.clone(),
+                previous: original,
+                new,
+            });
+        }
+        // After a REPLICATE, `prev` does not prove that nothing was missed:
+        // the writer may have lost what it published before reconnecting.
+        let trusted = !forced && !w.unproven;
+        if w.unproven && current < new {
+            ctx.counters.unproven_checked += 1;
+        }
+        w.unproven = false;
+        if current == new || (trusted && prev <= current) {
+            w.position = Some(new);
+            w.connected = ctx.connected;
+            if new != original {
+                self.push_position(wi, new, ctx);
+            }
+            return;
+        }
+        self.start_catch_up(wi, current, new, ctx);
+    }
+
+    /// Reports that writer `wi` reached `token`.
+    fn push_position(&self, wi: usize, token: Token, ctx: &mut Ctx) {
+        if let Some(w) = self.writers.get(wi) {
+            ctx.events.push_back(FollowerEvent::Position {
+                stream: self.name.clone(),
+                writer: w.name.clone(),
+                token,
+            });
+        }
+    }
+
+    fn start_catch_up(&mut self, wi: usize, from: Token, to: Token, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        w.connected = false;
+        let id = ctx.next_id();
+        ctx.counters.catch_ups_requested += 1;
+        let catch_up = CatchUp {
+            id,
+            cursor: from,
+            to,
+            epoch: ctx.epoch,
+        };
+        match &mut w.pending {
+            // Started while the writer's held commands are processed: the
+            // rest of them wait for this one.
+            Some(pending) => pending.catch_up = Some(catch_up),
+            None => {
+                w.pending = Some(Box::new(Pending {
+                    catch_up: Some(catch_up),
+                    queue: VecDeque::new(),
+                    queued_commands: 0,
+                }))
+            }
+        }
+        ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+            id,
+            stream: self.name.clone(),
+            writer: w.name.clone(),
+            from,
+            to,
+        }));
+    }
+
+    pub(super) fn enqueue(&mut self, wi: usize, item: Queued, ctx: &mut Ctx) {
+        let Some(pending) = self.writers.get_mut(wi).and_then(|w| w.pending.as_mut()) else {
+            return;
+        };
+        let bytes = item.bytes();
+        if pending.queued_commands >= ctx.limits.max_queued_commands
+            || ctx.buffered_bytes.saturating_add(bytes) > ctx.limits.max_buffered_bytes
+        {
+            // Replaces the queue (and `item`) by one summary.
+            ctx.counters.queue_overflows += 1;
+            let mut fold = Fold::default();
+            for held in mem::take(&mut pending.queue) {
+                ctx.buffered_bytes -= held.bytes();
+                fold.absorb(held);
+            }
+            fold.absorb(item);
+            pending.queued_commands = 0;
+            pending.queue.push_back(Queued::Fold(fold));
+            return;
+        }
+        ctx.buffered_bytes += bytes;
+        pending.queued_commands += 1;
+        pending.queue.push_back(item);
+    }
+
+    fn process_fold(&mut self, wi: usize, fold: Fold, ctx: &mut Ctx) {
+        if self.writers.get(wi).is_some_and(|w| w.position.is_none()) {
+            // Its commands before its first POSITION would have been dropped.
+            let Some(baseline) = fold.baseline else {
+                return;
+            };
+            self.process_position(wi, baseline, baseline, false, ctx);
+        }
+        if let Some(last) = fold.last {
+            let stale = !fold.last_announced
+                && self
+                    .writers
+                    .get(wi)
+                    .and_then(|w| w.position)
+                    .is_some_and(|position| last <= position);
+            if stale {
+                ctx.counters.rdata_stale += 1;
+            } else {
+                self.process_position(wi, last, last, true, ctx);
+            }
+        }
+        if let Some(w) = self.writers.get_mut(wi) {
+            if let Some(open_batch) = fold.open_batch {
+                w.batch_cut = open_batch;
+            }
+            w.unproven |= fold.unproven && w.position.is_some();
+        }
+    }
+
+    /// Processes writer `wi`'s held commands until none is left or a
+    /// catch-up starts.
+    pub(super) fn drain(&mut self, wi: usize, ctx: &mut Ctx) {
+        loop {
+            let Some(w) = self.writers.get_mut(wi) else {
+                return;
+            };
+            let Some(pending) = w.pending.as_mut() else {
+                return;
+            };
+            if pending.catch_up.is_some() {
+                return;
+            }
+            let Some(item) = pending.queue.pop_front() else {
+                w.pending = None;
+                return;
+            };
+            ctx.buffered_bytes -= item.bytes();
+            if !matches!(item, Queued::Fold(_)) {
+                pending.queued_commands -= 1;
+            }
+            self.process(wi, item, ctx);
+        }
+    }
+
+    fn finish_catch_up(&mut self, wi: usize, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.take()) else {
+            return;
+        };
+        ctx.counters.catch_ups_completed += 1;
+        w.position = Some(catch_up.to);
+        w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
+        self.push_position(wi, catch_up.to, ctx);
+        self.drain(wi, ctx);
+    }
+
+    /// Applies a page of writer `wi`'s catch-up.
+    ///
+    /// Rows outside what was asked for are skipped, not refused: Synapse
+    /// answers `caches` beyond `upto_token` on purpose (its
+    /// `get_all_updated_caches`), and rows above the range reach the
+    /// follower live, after the command that asked for the range.
+    pub(super) fn apply_page(
+        &mut self,
+        wi: usize,
+        page: CatchUpPage,
+        ctx: &mut Ctx,
+    ) -> Result<(), CatchUpError> {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return Ok(());
+        };
+        let Some(catch_up) = w.catch_up() else {
+            return Ok(());
+        };
+        let (id, from, to) = (catch_up.id, catch_up.cursor, catch_up.to);
+        let mut previous: Option<Token> = None;
+        for (token, _) in &page.updates {
+            if let Some(previous) = previous.filter(|p| token < p) {
+                return Err(CatchUpError::RowsOutOfOrder {
+                    id,
+                    token: *token,
+                    previous,
+                });
+            }
+            previous = Some(*token);
+        }
+        let done = !page.limited || page.upto >= to;
+        if !done && page.upto <= from {
+            return Err(CatchUpError::NoProgress {
+                id,
+                upto: page.upto,
+                from,
+            });
+        }
+        // Rows above a limited page's `upto` come again with the next page.
+        let end = if done { to } else { page.upto };
+
+        ctx.counters.catch_up_pages += 1;
+        let writer = w.name.clone();
+        let mut updates = page.updates.into_iter().peekable();
+        while let Some((token, row)) = updates.next() {
+            if token <= from || token > end {
+                ctx.counters.catch_up_rows_skipped += 1;
+                continue;
+            }
+            let mut rows = Rows::one(row);
+            while let Some((_, row)) = updates.next_if(|(next, _)| *next == token) {
+                rows.push(row);
+            }
+            w.position = Some(token);
+            ctx.counters.rows_delivered += rows.len() as u64;
+            ctx.events.push_back(FollowerEvent::Rows {
+                stream: self.name.clone(),
+                writer: writer.clone(),
+                token,
+                rows,
+                source: RowSource::CatchUp,
+            });
+        }
+        if done {
+            self.finish_catch_up(wi, ctx);
+        } else if let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.as_mut()) {
+            catch_up.cursor = page.upto;
+            catch_up.id = ctx.next_id();
+            ctx.counters.catch_ups_requested += 1;
+            ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+                id: catch_up.id,
+                stream: self.name.clone(),
+                writer,
+                from: page.upto,
+                to,
+            }));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_indices_follow_known_order() {
+        for (index, stream) in StreamName::KNOWN.iter().enumerate() {
+            assert_eq!(known_index(stream), Some(index), "{stream}");
+        }
+        assert_eq!(known_index(&StreamName::new("x")), None);
+    }
+
+    #[test]
+    fn many_writers_are_found_through_an_index() {
+        let mut stream = StreamState::new(StreamName::Caches);
+        let new = |name: String| WriterState::new(InstanceName::from(name));
+        for i in 0..20 {
+            assert_eq!(stream.add_writer(new(format!("w{i}"))), i);
+            assert_eq!(stream.index.is_some(), i >= LINEAR_WRITERS);
+        }
+        for i in [0, 5, 19, 7] {
+            let wi = stream
+                .writer_index(&InstanceName::from(format!("w{i}")))
+                .unwrap();
+            assert!(stream.remove_writer(wi).is_some());
+        }
+        assert!(stream.remove_writer(100).is_none());
+        for i in 0..20 {
+            let name = InstanceName::from(format!("w{i}"));
+            let found = stream.writer_index(&name);
+            if [0, 5, 19, 7].contains(&i) {
+                assert_eq!(found, None);
+            } else {
+                assert_eq!(stream.writers[found.unwrap()].name, name);
+            }
+        }
+    }
+
+    #[test]
+    fn writer_state_is_small() {
+        // Memory per tracked (stream, writer) pair, before the name's bytes.
+        assert!(
+            mem::size_of::<WriterState>() <= 96,
+            "{}",
+            mem::size_of::<WriterState>()
+        );
+    }
+}
