@@ -869,11 +869,18 @@ async fn follow(
                     source,
                 });
             }
-            Seen::Follower(FollowerEvent::Position {
-                stream,
-                writer,
-                token,
-            }) if writer == InstanceName::master() => report(Report::At {
+            Seen::Follower(
+                FollowerEvent::Position {
+                    stream,
+                    writer,
+                    token,
+                }
+                | FollowerEvent::Started {
+                    stream,
+                    writer,
+                    token,
+                },
+            ) if writer == InstanceName::master() => report(Report::At {
                 name,
                 stream,
                 token,

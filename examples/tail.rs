@@ -43,6 +43,7 @@
 //! ready <server_name>
 //! rows <stream> <writer> <token> <live|catch-up> <count> <rows>
 //! position <stream> <writer> <token>
+//! started <stream> <writer> <token>  (a writer first heard of; nothing before <token> fetched)
 //! catch-up <id> <stream> <writer> <from> <to>
 //! reset <stream> <writer> <previous> <new>
 //! rejected <RDATA|POSITION> <stream> <instance> <reason>
@@ -233,6 +234,11 @@ fn follower_line(
             writer,
             token,
         } => format!("position {stream} {writer} {token}"),
+        FollowerEvent::Started {
+            stream,
+            writer,
+            token,
+        } => format!("started {stream} {writer} {token}"),
         FollowerEvent::CatchUp(request) => {
             // Nothing to fetch from: skip the range.
             let page = CatchUpPage {

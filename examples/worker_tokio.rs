@@ -208,6 +208,11 @@ fn follow(
             stream,
             writer,
             token,
+        }
+        | FollowerEvent::Started {
+            stream,
+            writer,
+            token,
         } => moved(stream, writer, token, 0),
         FollowerEvent::CatchUp(request) => {
             println!(

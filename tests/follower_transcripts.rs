@@ -73,6 +73,11 @@ fn render(event: &FollowerEvent) -> String {
         } => {
             format!("position {stream} {writer} {token}")
         }
+        FollowerEvent::Started {
+            stream,
+            writer,
+            token,
+        } => format!("started {stream} {writer} {token}"),
         FollowerEvent::CatchUp(request) => {
             format!(
                 "catch-up #{} {} {} ({}, {}]",
@@ -368,11 +373,11 @@ fn a_gap_is_caught_up_in_pages_while_the_writer_waits() {
         < queued 3
         # other writers of the stream do not wait, nor do other streams
         > POSITION events w2 0 3
-        < position events w2 3
+        < started events w2 3
         > RDATA events w2 4 ["other"]
         < rows events w2 4 ["other"]
         > POSITION caches master 0 0
-        < position caches master 0
+        < started caches master 0
         > !page 1 {"updates":[[12,["b"]],[12,["c"]],[15,["d"]]],"upto_token":15,"limited":true}
         < rows events w1 12 ["b"] ["c"] [catch-up]
         < rows events w1 15 ["d"] [catch-up]
@@ -471,7 +476,7 @@ fn commands_from_non_writers_are_rejected_and_change_nothing() {
         < pos 4
         # streams this crate does not know are master's, and pass through
         > POSITION org.example.new master 0 0
-        < position org.example.new master 0
+        < started org.example.new master 0
         > RDATA org.example.new master 1 {"any":["shape"]}
         < rows org.example.new master 1 {"any":["shape"]}
         > ?pairs
@@ -490,9 +495,9 @@ fn tracked_pairs_are_bounded() {
         r#"
         > !connect
         > POSITION caches a 0 1
-        < position caches a 1
+        < started caches a 1
         > POSITION caches b 0 1
-        < position caches b 1
+        < started caches b 1
         > POSITION caches c 0 1
         < rejected POSITION caches c: too many (stream, writer) pairs tracked
         > RDATA caches c 2 ["f",null,1]
@@ -500,7 +505,7 @@ fn tracked_pairs_are_bounded() {
         > !forget caches a
         < forgotten true
         > POSITION caches c 0 1
-        < position caches c 1
+        < started caches c 1
         > ?pairs
         < pairs 2
         "#,
@@ -705,7 +710,7 @@ fn a_first_position_of_an_unknown_writer_is_adopted() {
         > !connect
         > RDATA receipts w2 7 ["x"]
         > POSITION receipts w2 7 7
-        < position receipts w2 7
+        < started receipts w2 7
         > RDATA receipts w2 8 ["y"]
         < rows receipts w2 8 ["y"]
         "#,
@@ -731,12 +736,23 @@ fn stream_position_is_the_minimum_over_writers() {
         > ?stream events
         < stream-pos 5
         > POSITION caches a 0 4
-        < position caches a 4
+        < started caches a 4
         > POSITION caches b 0 2
-        < position caches b 2
+        < started caches b 2
         > ?stream caches
         < stream-pos 2
         "#,
+    );
+    // Every known position, for the application to persist.
+    let mut positions: Vec<String> = script
+        .follower
+        .positions()
+        .map(|(stream, writer, token)| format!("{stream} {writer} {token}"))
+        .collect();
+    positions.sort();
+    assert_eq!(
+        positions,
+        ["caches a 4", "caches b 2", "events w1 5", "events w2 9"]
     );
 }
 
@@ -1201,7 +1217,7 @@ fn a_row_that_cannot_be_read_is_fetched_not_stepped_over() {
         < catch-up #5 events w1 (15, 16]
         # ...but not writers of other streams
         > POSITION caches master 0 0
-        < position caches master 0
+        < started caches master 0
         > !lost RDATA events
         > RDATA caches master 1 ["k",null,1]
         < rows caches master 1 ["k",null,1]

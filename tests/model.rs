@@ -274,7 +274,7 @@ impl World {
                     );
                     process.catch_ups.push(request);
                 }
-                FollowerEvent::Position { .. } => {}
+                FollowerEvent::Position { .. } | FollowerEvent::Started { .. } => {}
                 other => prop_assert!(false, "{}: unexpected {other}", process.name),
             }
         }

@@ -278,7 +278,7 @@ fn answers_cut_at_every_byte_offset() {
     );
     assert_eq!(
         seen.follower_events,
-        vec![FollowerEvent::Position {
+        vec![FollowerEvent::Started {
             stream: synapse_replication::wire::StreamName::Events,
             writer: InstanceName::master(),
             token: synapse_replication::wire::Token(1),

@@ -903,7 +903,7 @@ fn resp3_single_connection() {
     assert_eq!(
         rig.summaries(),
         [
-            "position typing master 5",
+            "started typing master 5",
             "rows typing master 6 (1 rows, Live)"
         ]
     );
@@ -957,7 +957,7 @@ fn resp3_single_connection() {
 fn messages_reach_the_follower_the_writer_and_the_application() {
     let mut rig = Rig::ready(options());
     rig.input(Subscriber, &message("POSITION typing master 5 5"));
-    assert_eq!(rig.summaries(), ["position typing master 5"]);
+    assert_eq!(rig.summaries(), ["started typing master 5"]);
     rig.input(
         Subscriber,
         &concat(&[
@@ -1073,7 +1073,7 @@ fn a_malformed_rdata_is_a_gap_fetched_not_a_row_stepped_over() {
     options.max_line_len = 200;
     let mut rig = Rig::ready(options);
     rig.input(Subscriber, &message("POSITION typing master 5 5"));
-    assert_eq!(rig.summaries(), ["position typing master 5"]);
+    assert_eq!(rig.summaries(), ["started typing master 5"]);
     // Row 6 is not valid JSON; row 7 is over the line limit; row 8 is fine.
     let long = format!(
         r#"RDATA typing master 7 ["!room:x",["{}"]]"#,
@@ -1137,7 +1137,7 @@ fn report_received_reports_each_command_before_acting() {
         rig.summaries(),
         [
             "received on example.com: POSITION typing master 5 5",
-            "position typing master 5",
+            "started typing master 5",
         ]
     );
 }
@@ -1185,7 +1185,7 @@ fn messages_split_at_every_offset_decode_the_same() {
     assert_eq!(
         whole.0,
         [
-            "position typing master 5",
+            "started typing master 5",
             "rows typing master 6 (2 rows, Live)",
             "malformed on example.com: RDATA: missing instance name",
             "command USER_SYNC worker2 @bob:example.com None start 1",
@@ -1626,7 +1626,7 @@ fn losing_only_the_publisher_announces_again_without_replicate() {
     );
     // Messages still arrive.
     rig.input(Subscriber, &message("POSITION typing master 5 5"));
-    assert_eq!(rig.summaries(), ["position typing master 5"]);
+    assert_eq!(rig.summaries(), ["started typing master 5"]);
     // A REPLICATE meanwhile cannot be answered.
     rig.input(Subscriber, &message("REPLICATE "));
     rig.session.advance(&StreamName::Caches, Token(9)).unwrap();

@@ -113,7 +113,8 @@ struct Record {
     /// Master's position per stream, as the follower's events reported it
     /// (`Position`, or the token of `Rows`): consistent with `batches`.
     master: BTreeMap<String, i64>,
-    /// (stream, writer) pairs that had a `FollowerEvent::Position`.
+    /// (stream, writer) pairs that had a `FollowerEvent::Position` or
+    /// `FollowerEvent::Started`.
     position_events: BTreeSet<(String, String)>,
     /// The follower's `Rows` events.
     batches: Vec<Batch>,
@@ -251,6 +252,11 @@ fn note(event: RedisClientEvent, record: &mut Record) {
                 record.batches.push(batch);
             }
             FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            }
+            | FollowerEvent::Started {
                 stream,
                 writer,
                 token,

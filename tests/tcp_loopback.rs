@@ -202,6 +202,11 @@ impl<R: Runtime + Clone> World<R> {
                             stream: StreamName::Caches,
                             token,
                             ..
+                        }
+                        | FollowerEvent::Started {
+                            stream: StreamName::Caches,
+                            token,
+                            ..
                         } => worker.position = Some(token),
                         FollowerEvent::CatchUp(_) => worker.catch_ups += 1,
                         _ => {}

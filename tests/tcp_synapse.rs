@@ -356,7 +356,7 @@ fn our_client_against_synapse_server() {
             events,
             [
                 "ready example.com",
-                "position caches master 5",
+                "started caches master 5",
                 r#"rows 6 ["a",["k"],6]"#,
                 r#"rows 7 ["b",null,7] ["c\u00e9",[],7]"#,
                 "position caches master 9",

@@ -81,8 +81,8 @@ fn handshake() {
         client_summary(&pair.client_events),
         [
             "ready example.com",
-            "position typing master 0",
-            "position caches master 0"
+            "started typing master 0",
+            "started caches master 0"
         ]
     );
     assert_eq!(

@@ -18,6 +18,13 @@ use crate::wire::{InstanceName, JsonError, RawRow, StreamName, Token};
 pub struct CatchUpId(pub(crate) u64);
 
 impl CatchUpId {
+    /// An id, for building a [`CatchUpRequest`] by hand (to test a
+    /// [`CatchUpSource`](crate::transport::CatchUpSource), say). A
+    /// follower answers only the ids it made.
+    pub const fn new(id: u64) -> CatchUpId {
+        CatchUpId(id)
+    }
+
     /// The id as a number (unique for the life of one follower).
     pub fn get(self) -> u64 {
         self.0

@@ -29,13 +29,26 @@ pub enum FollowerEvent {
         source: RowSource,
     },
     /// The writer's position moved to `token` without rows (a `POSITION`
-    /// with nothing missed, the end of a catch-up, a first position).
+    /// with nothing missed, the end of a catch-up).
     Position {
         /// The stream.
         stream: StreamName,
         /// The writer.
         writer: InstanceName,
         /// The new position.
+        token: Token,
+    },
+    /// The follower began following `writer` on `stream` at `token`, the
+    /// first position the writer announced: it had no position for the
+    /// pair (none was seeded with
+    /// [`Follower::set_position`](super::Follower::set_position)), so rows
+    /// before `token` were not fetched. Rows after it come as usual.
+    Started {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// Where following starts.
         token: Token,
     },
     /// Rows were missed: fetch them (see [`CatchUpRequest`]) and answer with
@@ -95,6 +108,13 @@ impl fmt::Display for FollowerEvent {
                 token,
             } => {
                 write!(f, "position {stream} {writer} {token}")
+            }
+            FollowerEvent::Started {
+                stream,
+                writer,
+                token,
+            } => {
+                write!(f, "started {stream} {writer} {token}")
             }
             FollowerEvent::CatchUp(request) => write!(f, "{request}"),
             FollowerEvent::Reset {

@@ -499,6 +499,17 @@ impl Follower {
         self.streams.find(stream)?.writer(writer)?.position
     }
 
+    /// Every (stream, writer) with a known position, and that position:
+    /// what to persist, so that [`Follower::set_position`] can resume from
+    /// it after a restart.
+    pub fn positions(&self) -> impl Iterator<Item = (&StreamName, &InstanceName, Token)> {
+        self.streams.all().flat_map(|s| {
+            s.writers
+                .iter()
+                .filter_map(move |w| Some((&s.name, &w.name, w.position?)))
+        })
+    }
+
     /// The token up to which `stream` is complete: the minimum over its
     /// writers' positions (Synapse's `MultiWriterIdGenerator` persisted
     /// position, as seen by a process that writes nothing to the stream).

@@ -550,7 +550,11 @@ impl StreamState {
             w.position = Some(new);
             w.connected = ctx.connected;
             w.unproven = false;
-            self.push_position(wi, new, ctx);
+            ctx.events.push_back(FollowerEvent::Started {
+                stream: self.name.clone(),
+                writer: w.name.clone(),
+                token: new,
+            });
             return;
         };
         let mut current = original;
