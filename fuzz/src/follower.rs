@@ -6,11 +6,13 @@
 //!   positions never go backwards but through a reset, and `position()`
 //!   agrees with what the events said;
 //! - a catch-up starts at the writer's position and asks for a non-empty
-//!   range; at most one is outstanding per stream; caught-up rows lie in
-//!   the range asked for;
+//!   range; at most one is outstanding per (stream, writer); caught-up rows
+//!   lie in the range asked for, and no live rows of a writer come while
+//!   its catch-up is outstanding;
 //! - rejected commands, own echoes and refused catch-up pages change
 //!   nothing; rejections are for non-writers, or at the pair limit;
-//! - held bytes, held commands and tracked pairs stay within the limits.
+//! - held bytes, held commands (per writer waiting) and tracked pairs
+//!   stay within the limits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -67,8 +69,8 @@ struct Harness {
     registry: Arc<dyn WriterRegistry>,
     /// What the events said each position is.
     positions: HashMap<Pair, Token>,
-    /// Outstanding catch-ups, by stream.
-    catch_ups: HashMap<StreamName, CatchUpRequest>,
+    /// Outstanding catch-ups, by (stream, writer).
+    catch_ups: HashMap<Pair, CatchUpRequest>,
     /// Every id ever handed out (to answer stale ones).
     ids: Vec<CatchUpId>,
 }
@@ -86,8 +88,11 @@ impl Harness {
         let limits = f.limits();
         assert!(f.buffered_bytes() <= limits.max_buffered_bytes);
         assert!(f.tracked_pairs() <= limits.max_tracked_pairs);
+        // Commands are held per writer, behind its outstanding catch-up.
         for s in STREAMS {
-            assert!(f.queued_commands(&StreamName::from(s)) <= limits.max_queued_commands);
+            let stream = StreamName::from(s);
+            let waiting = self.catch_ups.keys().filter(|(s, _)| *s == stream).count();
+            assert!(f.queued_commands(&stream) <= limits.max_queued_commands * waiting);
         }
         for pair in &self.all_pairs {
             let (s, w) = pair;
@@ -104,7 +109,8 @@ impl Harness {
         let outstanding = f.outstanding_catch_ups();
         assert_eq!(outstanding.len(), self.catch_ups.len());
         for request in outstanding {
-            assert_eq!(self.catch_ups.get(&request.stream), Some(&request));
+            let key = (request.stream.clone(), request.writer.clone());
+            assert_eq!(self.catch_ups.get(&key), Some(&request));
         }
     }
 
@@ -125,13 +131,12 @@ impl Harness {
                         assert!(token > *last, "rows {stream} {writer} {token} after {last}");
                     }
                     if source == RowSource::CatchUp {
-                        let request = self.catch_ups.get(&stream).expect("rows of no catch-up");
-                        assert_eq!(request.writer, writer);
+                        let request = self.catch_ups.get(&key).expect("rows of no catch-up");
                         assert!(request.from < token && token <= request.to);
                     } else {
                         assert!(
-                            !self.catch_ups.contains_key(&stream),
-                            "live rows while the stream waits"
+                            !self.catch_ups.contains_key(&key),
+                            "live rows while the writer waits"
                         );
                     }
                     self.positions.insert(key, token);
@@ -149,13 +154,8 @@ impl Harness {
                         );
                     }
                     // A position ends the catch-up of this writer, if any.
-                    if self
-                        .catch_ups
-                        .get(&stream)
-                        .is_some_and(|c| c.writer == writer)
-                    {
-                        let request = self.catch_ups.remove(&stream);
-                        assert_eq!(request.map(|r| r.to), Some(token));
+                    if let Some(request) = self.catch_ups.remove(&key) {
+                        assert_eq!(request.to, token);
                     }
                     self.positions.insert(key, token);
                 }
@@ -176,17 +176,16 @@ impl Harness {
                     assert!(request.from < request.to, "{request}");
                     let key = (request.stream.clone(), request.writer.clone());
                     let position = self.positions.get(&key).copied();
-                    match self.catch_ups.get(&request.stream) {
+                    match self.catch_ups.get(&key) {
                         // The next page (or a retry) of the same catch-up.
                         Some(previous) => {
-                            assert_eq!(previous.writer, request.writer);
                             assert_eq!(previous.to, request.to);
                             assert!(request.from >= previous.from);
                         }
                         None => assert_eq!(Some(request.from), position, "{request}"),
                     }
                     self.ids.push(request.id);
-                    self.catch_ups.insert(request.stream.clone(), request);
+                    self.catch_ups.insert(key, request);
                 }
                 FollowerEvent::Rejected {
                     stream,
