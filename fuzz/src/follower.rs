@@ -3,8 +3,9 @@
 //! every step what the follower promises:
 //!
 //! - rows of a (stream, writer) come in strictly increasing token order,
-//!   positions never go backwards but through a reset, and `position()`
-//!   agrees with what the events said;
+//!   positions never go backwards but through a reset, a writer starts
+//!   only where it had no position, and `position()` agrees with what the
+//!   events said;
 //! - a catch-up starts at the writer's position and asks for a non-empty
 //!   range; at most one is outstanding per (stream, writer); caught-up rows
 //!   lie in the range asked for, and no live rows of a writer come while
@@ -157,6 +158,17 @@ impl Harness {
                     if let Some(request) = self.catch_ups.remove(&key) {
                         assert_eq!(request.to, token);
                     }
+                    self.positions.insert(key, token);
+                }
+                FollowerEvent::Started {
+                    stream,
+                    writer,
+                    token,
+                } => {
+                    // Only a writer without a position starts.
+                    let key = (stream, writer);
+                    assert_eq!(self.positions.get(&key), None, "started again at {token}");
+                    assert!(!self.catch_ups.contains_key(&key));
                     self.positions.insert(key, token);
                 }
                 FollowerEvent::Reset {
