@@ -23,14 +23,21 @@ need redis-server redis-server
 need openssl openssl
 
 # The interop tests run Synapse's own Python code as a peer: a venv with the
-# pinned Synapse, made once and kept in a cache directory between runs.
+# pinned Synapse, made once and kept in a cache directory between runs. The
+# multi-writer deployment runs it on PostgreSQL: the `postgres` extra
+# (psycopg2) too.
 SYNAPSE_VERSION=1.163.2
 SYNAPSE_VENV="${SYNAPSE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/synapse-replication/synapse-$SYNAPSE_VERSION}"
+SYNAPSE_REQUIREMENT="matrix-synapse[redis,postgres]==$SYNAPSE_VERSION"
 if ! "$SYNAPSE_VENV/bin/python" -c "import synapse, sys; sys.exit(synapse.__version__ != '$SYNAPSE_VERSION')" 2>/dev/null; then
     echo "creating a venv with matrix-synapse $SYNAPSE_VERSION in $SYNAPSE_VENV (once)"
     rm -rf "$SYNAPSE_VENV"
     python3 -m venv "$SYNAPSE_VENV"
-    "$SYNAPSE_VENV/bin/pip" install -q "matrix-synapse[redis]==$SYNAPSE_VERSION"
+    "$SYNAPSE_VENV/bin/pip" install -q "$SYNAPSE_REQUIREMENT"
+elif ! "$SYNAPSE_VENV/bin/python" -c "import psycopg2" 2>/dev/null; then
+    # A venv made before the deployment tests: add the extra, keep the rest.
+    echo "adding the postgres extra (psycopg2) to $SYNAPSE_VENV"
+    "$SYNAPSE_VENV/bin/pip" install -q "$SYNAPSE_REQUIREMENT"
 fi
 export SYNAPSE_PYTHON="$SYNAPSE_VENV/bin/python"
 

@@ -3,6 +3,12 @@
 //! monolith Synapse (SQLite) replicating over it, all on free loopback
 //! ports, and stops both when the rig is dropped.
 //!
+//! [`SynapseDeployment`] runs `tests/synapse/deployment.py`: a multi-writer
+//! deployment (main, event persisters, a typing writer) on a PostgreSQL
+//! database of its own (127.0.0.1:5432, user postgres, trust auth; dropped
+//! when the deployment stops), with fault injection (Redis restarted,
+//! Redis clients killed, writer blips) and SQL queries.
+//!
 //! The Python comes from `$SYNAPSE_PYTHON` (what `scripts/test.sh` exports),
 //! else the venv `scripts/test.sh` creates in
 //! `~/.cache/synapse-replication/synapse-1.163.2`. Without it the tests fail
@@ -15,6 +21,7 @@
 //! Set `SYNAPSE_RIG_KEEP=1` to keep the rig's directory (config, database,
 //! logs) after the test; it is always kept when the test panics.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,7 +58,7 @@ pub fn synapse_python() -> PathBuf {
         python.exists(),
         "no Python with Synapse {SYNAPSE_VERSION}: run `bash scripts/test.sh` once (it creates \
          the venv {}), or set SYNAPSE_PYTHON to a Python with \
-         `matrix-synapse[redis]=={SYNAPSE_VERSION}` installed",
+         `matrix-synapse[redis,postgres]=={SYNAPSE_VERSION}` installed",
         python.display()
     );
     python
@@ -571,5 +578,491 @@ impl Drop for SynapseRig {
 fn remove_dir(dir: &Path) {
     if let Err(error) = std::fs::remove_dir_all(dir) {
         eprintln!("removing {}: {error}", dir.display());
+    }
+}
+
+// ---------------------------------------------------------------------
+// A multi-writer deployment: main, event persisters and a typing writer
+// on PostgreSQL (`tests/synapse/deployment.py`).
+// ---------------------------------------------------------------------
+
+fn deployment_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/synapse/deployment.py")
+}
+
+/// Runs `command` (stdin from `input`), which must succeed and print one
+/// line of JSON: that JSON.
+fn json_output(what: &str, mut command: Command, input: Option<&[u8]>) -> Value {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        if let Some(input) = input {
+            stdin
+                .write_all(input)
+                .unwrap_or_else(|error| panic!("{what}: writing stdin: {error}"));
+        }
+    }
+    let output = child
+        .wait_with_output()
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
+    assert!(
+        output.status.success(),
+        "{what} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .last()
+        .and_then(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("{what} printed no JSON line: {stdout}"))
+}
+
+/// One process of a [`SynapseDeployment`].
+#[derive(Clone, Debug)]
+pub struct DeploymentInstance {
+    /// Its instance name (`main`, `persister1`, ...).
+    pub name: String,
+    /// `http://127.0.0.1:<port>`: its client-server API listener.
+    pub client_url: String,
+    /// Its HTTP replication listener (its `instance_map` entry).
+    pub replication_port: u16,
+    /// Its log (INFO).
+    pub log: PathBuf,
+    /// Its pid.
+    pub pid: u32,
+}
+
+/// A running multi-writer Synapse deployment: main, `persister1..N`
+/// (`stream_writers.events`), `worker1` (`stream_writers.typing`), on a
+/// PostgreSQL database of its own, replicating over a redis-server of its
+/// own. Stopped (and its database dropped) on drop; a watchdog does the same
+/// if the test process dies.
+#[derive(Debug)]
+pub struct SynapseDeployment {
+    /// The server name, also the Redis channel prefix (`dep.test`).
+    pub server_name: String,
+    /// The deployment's redis-server (restarted on the same port by
+    /// [`SynapseDeployment::restart_redis`]).
+    pub redis_port: u16,
+    /// `worker_replication_secret`.
+    pub secret: String,
+    /// The PostgreSQL database.
+    pub database: String,
+    /// homeserver.yaml, as JSON (what `StreamWriters::from_value` reads).
+    pub config: Value,
+    /// Every process, by instance name.
+    pub instances: BTreeMap<String, DeploymentInstance>,
+    /// The deployment's directory: configs, logs.
+    pub dir: PathBuf,
+    /// How long `deployment.py start` took, everything ready and
+    /// subscribed to Redis.
+    pub startup: Duration,
+    /// The JSON line `deployment.py start` printed.
+    pub info: Value,
+    python: PathBuf,
+}
+
+impl SynapseDeployment {
+    /// Starts main, `persisters` event persisters and a typing writer.
+    pub fn start(persisters: usize) -> SynapseDeployment {
+        let python = synapse_python();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|elapsed| elapsed.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "synapse-dep-{}-{}-{nanos}",
+            std::process::id(),
+            RIGS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|error| panic!("creating {}: {error}", dir.display()));
+        let started = Instant::now();
+        let output = Command::new(&python)
+            .arg(deployment_script())
+            .args(["start", "--dir"])
+            .arg(&dir)
+            .args(["--owner-pid", &std::process::id().to_string()])
+            .args(["--persisters", &persisters.to_string()])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|error| panic!("running {}: {error}", python.display()));
+        let startup = started.elapsed();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            // deployment.py stops what it started when it fails; again, in
+            // case it was killed half-way.
+            let _ = Command::new(&python)
+                .arg(deployment_script())
+                .args(["stop", "--dir"])
+                .arg(&dir)
+                .output();
+            panic!(
+                "deployment.py start failed ({}); directory kept: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+                output.status,
+                dir.display()
+            );
+        }
+        let info: Value = stdout
+            .lines()
+            .last()
+            .and_then(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| {
+                panic!("deployment.py start printed no JSON line:\n{stdout}\n{stderr}")
+            });
+        let text = |value: &Value, key: &str| -> String {
+            value[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("deployment JSON without string {key:?}: {value}"))
+                .to_owned()
+        };
+        let number = |value: &Value, key: &str| -> u64 {
+            value[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("deployment JSON without number {key:?}: {value}"))
+        };
+        let port = |value: &Value, key: &str| -> u16 {
+            u16::try_from(number(value, key)).unwrap_or_else(|_| panic!("{key}: not a port"))
+        };
+        let instances = info["instances"]
+            .as_object()
+            .unwrap_or_else(|| panic!("deployment JSON without instances: {info}"))
+            .iter()
+            .map(|(name, instance)| {
+                (
+                    name.clone(),
+                    DeploymentInstance {
+                        name: name.clone(),
+                        client_url: text(instance, "client_url"),
+                        replication_port: port(instance, "replication_port"),
+                        log: PathBuf::from(text(instance, "log")),
+                        pid: u32::try_from(number(instance, "pid")).expect("a pid"),
+                    },
+                )
+            })
+            .collect();
+        SynapseDeployment {
+            server_name: text(&info, "server_name"),
+            redis_port: port(&info, "redis_port"),
+            secret: text(&info, "secret"),
+            database: text(&info, "database"),
+            config: info["config"].clone(),
+            instances,
+            dir: PathBuf::from(text(&info, "dir")),
+            startup,
+            info,
+            python,
+        }
+    }
+
+    fn script(&self, subcommand: &str) -> Command {
+        let mut command = Command::new(&self.python);
+        command
+            .arg(deployment_script())
+            .arg(subcommand)
+            .arg("--dir")
+            .arg(&self.dir);
+        command
+    }
+
+    /// One process by name; panics if there is none.
+    pub fn instance(&self, name: &str) -> &DeploymentInstance {
+        self.instances
+            .get(name)
+            .unwrap_or_else(|| panic!("no instance {name} in the deployment"))
+    }
+
+    /// The event persisters' names (`persister1`, ...).
+    pub fn persisters(&self) -> Vec<String> {
+        self.instances
+            .keys()
+            .filter(|name| name.starts_with("persister"))
+            .cloned()
+            .collect()
+    }
+
+    /// The full user id of a localpart on this server.
+    pub fn user_id(&self, localpart: &str) -> String {
+        format!("@{localpart}:{}", self.server_name)
+    }
+
+    /// Registers `user` (localpart) on main; its access token.
+    pub fn register(&self, user: &str, password: &str) -> String {
+        let mut command = self.script("register");
+        command.args([user, password]);
+        let answer = json_output(&format!("registering {user}"), command, None);
+        answer["access_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no access_token in {answer}"))
+            .to_owned()
+    }
+
+    /// A request for [`SynapseDeployment::requests`].
+    pub fn request_json(
+        method: &str,
+        url: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Value {
+        let mut request = json!({"method": method, "url": url});
+        if let Some(token) = token {
+            request["token"] = json!(token);
+        }
+        if let Some(body) = body {
+            request["body"] = body.clone();
+        }
+        request
+    }
+
+    /// Runs HTTP requests (made by [`SynapseDeployment::request_json`], or
+    /// the `*_request` methods; `"timeout"` may be set, in seconds) on
+    /// `threads` threads of one Python process; `(status, JSON answer)` of
+    /// each, in order (status 0: no answer, the body says why).
+    pub fn requests(&self, requests: &[Value], threads: usize) -> Vec<(u16, Value)> {
+        let mut command = self.script("requests");
+        command.args(["--threads", &threads.to_string()]);
+        let input = Value::Array(requests.to_vec()).to_string();
+        let answer = json_output("deployment.py requests", command, Some(input.as_bytes()));
+        answer
+            .as_array()
+            .unwrap_or_else(|| panic!("requests answered {answer}"))
+            .iter()
+            .map(|result| {
+                let status = result["status"]
+                    .as_u64()
+                    .and_then(|status| u16::try_from(status).ok())
+                    .unwrap_or_else(|| panic!("no status in {result}"));
+                (status, result["body"].clone())
+            })
+            .collect()
+    }
+
+    /// One request that must succeed (2xx): its JSON answer.
+    pub fn call(&self, method: &str, url: &str, token: &str, body: Option<&Value>) -> Value {
+        let request = SynapseDeployment::request_json(method, url, Some(token), body);
+        let (status, answer) = self.requests(&[request], 1).remove(0);
+        assert!(
+            (200..300).contains(&status),
+            "{method} {url} answered {status}: {answer}"
+        );
+        answer
+    }
+
+    /// Creates a public room through main; its room id.
+    pub fn create_room(&self, token: &str) -> String {
+        let url = format!(
+            "{}/_matrix/client/v3/createRoom",
+            self.instance("main").client_url
+        );
+        let answer = self.call("POST", &url, token, Some(&json!({"preset": "public_chat"})));
+        answer["room_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("createRoom answered {answer}"))
+            .to_owned()
+    }
+
+    /// The request that sends an `m.text` message to `room` through the
+    /// client listener of `instance`.
+    pub fn message_request(&self, instance: &str, token: &str, room: &str, body: &str) -> Value {
+        let url = format!(
+            "{}/_matrix/client/v3/rooms/{}/send/m.room.message/{}",
+            self.instance(instance).client_url,
+            segment(room),
+            segment(&format!(
+                "dep{}-{}",
+                std::process::id(),
+                TXNS.fetch_add(1, Ordering::Relaxed)
+            ))
+        );
+        SynapseDeployment::request_json(
+            "PUT",
+            &url,
+            Some(token),
+            Some(&json!({"msgtype": "m.text", "body": body})),
+        )
+    }
+
+    /// The request that sets a state event of `room` through the client
+    /// listener of `instance`.
+    pub fn state_request(
+        &self,
+        instance: &str,
+        token: &str,
+        room: &str,
+        (event_type, state_key): (&str, &str),
+        content: &Value,
+    ) -> Value {
+        let url = format!(
+            "{}/_matrix/client/v3/rooms/{}/state/{}/{}",
+            self.instance(instance).client_url,
+            segment(room),
+            segment(event_type),
+            segment(state_key)
+        );
+        SynapseDeployment::request_json("PUT", &url, Some(token), Some(content))
+    }
+
+    /// The request that starts (30 s) or stops `user` typing in `room`,
+    /// through the typing writer (`worker1`), the only process that serves
+    /// it.
+    pub fn typing_request(&self, token: &str, room: &str, user: &str, typing: bool) -> Value {
+        let url = format!(
+            "{}/_matrix/client/v3/rooms/{}/typing/{}",
+            self.instance("worker1").client_url,
+            segment(room),
+            segment(user)
+        );
+        let body = if typing {
+            json!({"typing": true, "timeout": 30000})
+        } else {
+            json!({"typing": false})
+        };
+        SynapseDeployment::request_json("PUT", &url, Some(token), Some(&body))
+    }
+
+    /// Kills redis-server and starts a new one on the same port; returns
+    /// once every Synapse process has subscribed again. Its answer:
+    /// `down_seconds`, `resubscribed_seconds`.
+    pub fn restart_redis(&self) -> Value {
+        json_output(
+            "deployment.py redis-restart",
+            self.script("redis-restart"),
+            None,
+        )
+    }
+
+    /// Redis' `CLIENT LIST`, each client with `instance`: the Synapse
+    /// process that owns it (or null).
+    pub fn redis_clients(&self) -> Vec<Value> {
+        let answer = json_output(
+            "deployment.py redis-clients",
+            self.script("redis-clients"),
+            None,
+        );
+        answer.as_array().cloned().unwrap_or_default()
+    }
+
+    /// `CLIENT KILL`s every Redis client whose name starts with `prefix`;
+    /// the addresses killed.
+    pub fn kill_redis_clients_named(&self, prefix: &str) -> Vec<String> {
+        let mut command = self.script("redis-kill");
+        command.args(["--name-prefix", prefix]);
+        let answer = json_output("deployment.py redis-kill", command, None);
+        strings(&answer["killed"])
+    }
+
+    /// A writer blip: `CLIENT KILL`s every Redis connection of `instance`,
+    /// and runs `requests` on `threads` threads meanwhile, until `after`
+    /// once `instance` is back (or the requests run out). A request may
+    /// carry a `timeout` (seconds, status 0 when it passes). Its answer:
+    /// `killed`, `reconnected_after` (seconds), `results` (`status`,
+    /// `body`, `before_reconnect`) of the requests made.
+    pub fn blip(
+        &self,
+        instance: &str,
+        requests: &[Value],
+        threads: usize,
+        after: Duration,
+    ) -> Value {
+        let mut command = self.script("blip");
+        command.args([
+            "--instance",
+            instance,
+            "--threads",
+            &threads.to_string(),
+            "--after",
+            &after.as_secs_f64().to_string(),
+        ]);
+        let input = Value::Array(requests.to_vec()).to_string();
+        json_output("deployment.py blip", command, Some(input.as_bytes()))
+    }
+
+    /// Runs one SQL query on the deployment's database; its rows.
+    pub fn sql(&self, query: &str) -> Vec<Vec<Value>> {
+        let mut command = self.script("sql");
+        command.arg(query);
+        let answer = json_output(&format!("SQL {query}"), command, None);
+        answer
+            .as_array()
+            .unwrap_or_else(|| panic!("{query}: {answer}"))
+            .iter()
+            .map(|row| row.as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// The ERROR and CRITICAL lines (with their tracebacks) of one
+    /// process's log.
+    pub fn log_errors(&self, instance: &str) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.instance(instance).log).unwrap_or_default();
+        let mut errors = Vec::new();
+        let mut in_error = false;
+        for line in text.lines() {
+            let is_record = line.len() > 23 && line.as_bytes()[4] == b'-' && line.contains(" - ");
+            if is_record {
+                in_error = line.contains(" - ERROR - ") || line.contains(" - CRITICAL - ");
+            }
+            if in_error {
+                errors.push(line.to_owned());
+            }
+        }
+        errors
+    }
+
+    /// The last `lines` lines of one process's log.
+    pub fn log_tail(&self, instance: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.instance(instance).log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Stops every process and drops the database (also done on drop).
+    pub fn stop(&self) {
+        match self.script("stop").stdin(Stdio::null()).output() {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => eprintln!(
+                "deployment.py stop failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(error) => eprintln!("running deployment.py stop: {error}"),
+        }
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Drop for SynapseDeployment {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("Synapse deployment directory kept: {}", self.dir.display());
+            for name in self.instances.keys() {
+                eprintln!(
+                    "--- last lines of {name}'s log ---\n{}",
+                    self.log_tail(name, 15)
+                );
+            }
+        } else if std::env::var_os("SYNAPSE_RIG_KEEP").is_some() {
+            eprintln!("Synapse deployment directory kept: {}", self.dir.display());
+        } else {
+            remove_dir(&self.dir);
+        }
     }
 }
