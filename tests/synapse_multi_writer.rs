@@ -52,13 +52,13 @@ use std::time::{Duration, Instant};
 
 use common::synapse::SynapseDeployment;
 use serde_json::{Value, json};
-use synapse_replication::positions::{Follower, FollowerEvent, RowSource, Writer};
+use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent, RowSource, Writer};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{EventsRowData, Row};
 use synapse_replication::transport::{
     CatchUpSource, HttpCatchUp, RedisClient, RedisClientEvent, RedisConfig, SmolRuntime,
 };
-use synapse_replication::wire::{Command, InstanceName, RdataToken, StreamName};
+use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName};
 use synapse_replication::writers::StreamWriters;
 
 /// How long any one expected thing may take to happen.
@@ -112,12 +112,80 @@ struct Record {
     problems: Vec<String>,
 }
 
+impl Record {
+    fn ready(&mut self) {
+        self.ready += 1;
+        self.ready_marks.push(self.received.len());
+    }
+
+    /// One batch of rows: counted per stream and source; `ev` rows kept.
+    fn rows(
+        &mut self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: i64,
+        rows: Vec<RawRow>,
+        source: RowSource,
+    ) {
+        let count = match source {
+            RowSource::Live => &mut self.live_rows,
+            RowSource::CatchUp => &mut self.caught_up_rows,
+        };
+        *count.entry(stream.as_str().to_owned()).or_default() += rows.len();
+        if *stream != StreamName::Events {
+            return;
+        }
+        for raw in &rows {
+            match Row::decode(stream, raw) {
+                Ok(Row::Events(row)) => {
+                    if let EventsRowData::Event(event) = row.data {
+                        self.ev_rows.push(EvRow {
+                            event_id: event.event_id,
+                            writer: writer.as_str().to_owned(),
+                            token,
+                            source,
+                        });
+                    }
+                }
+                Ok(other) => self
+                    .problems
+                    .push(format!("events row decoded as {other:?}: {raw}")),
+                Err(error) => self
+                    .problems
+                    .push(format!("events row {raw} does not decode: {error}")),
+            }
+        }
+    }
+
+    fn catch_up(&mut self, request: &CatchUpRequest) {
+        *self
+            .catch_ups
+            .entry(request.stream.as_str().to_owned())
+            .or_default() += 1;
+    }
+
+    fn catch_up_failed(&mut self, request: &CatchUpRequest, error: &dyn std::fmt::Display) {
+        *self
+            .catch_up_failures
+            .entry(request.stream.as_str().to_owned())
+            .or_default() += 1;
+        if self.catch_up_errors.len() < 5 {
+            self.catch_up_errors.push(format!("{request}: {error}"));
+        }
+    }
+
+    /// Positions reached, and whatever else the follower reports (its
+    /// events grow): counted by kind, the first word of their text.
+    fn other(&mut self, event: &dyn std::fmt::Display) {
+        let text = event.to_string();
+        let kind = text.split(' ').next().unwrap_or_default().to_owned();
+        *self.other_events.entry(kind).or_default() += 1;
+    }
+}
+
 fn note(event: RedisClientEvent, record: &mut Record) {
     match event {
-        RedisClientEvent::Session(RedisEvent::Ready) => {
-            record.ready += 1;
-            record.ready_marks.push(record.received.len());
-        }
+        RedisClientEvent::Session(RedisEvent::Ready) => record.ready(),
         RedisClientEvent::Session(RedisEvent::Follower(event)) => match event {
             FollowerEvent::Rows {
                 stream,
@@ -126,71 +194,24 @@ fn note(event: RedisClientEvent, record: &mut Record) {
                 rows,
                 source,
                 ..
-            } => {
-                let rows = rows.into_vec();
-                let count = match source {
-                    RowSource::Live => &mut record.live_rows,
-                    RowSource::CatchUp => &mut record.caught_up_rows,
-                };
-                *count.entry(stream.as_str().to_owned()).or_default() += rows.len();
-                if stream != StreamName::Events {
-                    return;
-                }
-                for raw in &rows {
-                    match Row::decode(&stream, raw) {
-                        Ok(Row::Events(row)) => {
-                            if let EventsRowData::Event(event) = row.data {
-                                record.ev_rows.push(EvRow {
-                                    event_id: event.event_id,
-                                    writer: writer.as_str().to_owned(),
-                                    token: token.get(),
-                                    source,
-                                });
-                            }
-                        }
-                        Ok(other) => record
-                            .problems
-                            .push(format!("events row decoded as {other:?}: {raw}")),
-                        Err(error) => record
-                            .problems
-                            .push(format!("events row {raw} does not decode: {error}")),
-                    }
-                }
-            }
-            FollowerEvent::CatchUp(request) => {
-                *record
-                    .catch_ups
-                    .entry(request.stream.as_str().to_owned())
-                    .or_default() += 1;
-            }
+            } => record.rows(&stream, &writer, token.get(), rows.into_vec(), source),
+            FollowerEvent::CatchUp(request) => record.catch_up(&request),
             problem @ (FollowerEvent::Reset { .. } | FollowerEvent::Rejected { .. }) => {
                 record.problems.push(problem.to_string());
             }
-            // Positions reached, and whatever else the follower reports
-            // (its events grow): counted by kind.
-            other => {
-                let text = other.to_string();
-                let kind = text.split(' ').next().unwrap_or_default().to_owned();
-                *record.other_events.entry(kind).or_default() += 1;
-            }
+            other => record.other(&other),
         },
         RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
             record.received.push(*command);
         }
-        // Echoes of nothing we send, and other processes' USER_SYNC,
-        // LOCK_RELEASED, ...: not this test's business.
+        // Other processes' USER_SYNC, LOCK_RELEASED, ...: not this test's
+        // business.
         RedisClientEvent::Session(RedisEvent::Command(_)) => {}
         RedisClientEvent::Connected { .. } => {}
         RedisClientEvent::Disconnected { .. } => record.disconnects += 1,
         RedisClientEvent::ConnectFailed { .. } => record.connect_failures += 1,
         RedisClientEvent::CatchUpFailed { request, error, .. } => {
-            *record
-                .catch_up_failures
-                .entry(request.stream.as_str().to_owned())
-                .or_default() += 1;
-            if record.catch_up_errors.len() < 5 {
-                record.catch_up_errors.push(format!("{request}: {error}"));
-            }
+            record.catch_up_failed(&request, &error);
         }
         other => record.problems.push(format!("{other:?}")),
     }
