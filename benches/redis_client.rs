@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{Decoder, Frame};
-use synapse_replication::session::{RedisEvent, RedisSession};
+use synapse_replication::session::RedisSession;
 use synapse_replication::transport::{
     RedisClient, RedisClientEvent, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
 };
@@ -177,10 +177,8 @@ async fn follow<R: Runtime>(client: &mut RedisClient<R>) -> (Duration, Duration)
     let mut start = None;
     while let Some(event) = client.next_event().await {
         match event {
-            RedisClientEvent::Session(RedisEvent::Ready) => {
-                start = Some((cpu_time(), Instant::now()))
-            }
-            RedisClientEvent::Session(RedisEvent::Command(command)) if command == sentinel => {
+            RedisClientEvent::Ready => start = Some((cpu_time(), Instant::now())),
+            RedisClientEvent::Command(command) if command == sentinel => {
                 let (cpu, wall) = start.expect("ready before the sentinel");
                 return (cpu_time().saturating_sub(cpu), wall.elapsed());
             }

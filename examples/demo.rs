@@ -661,7 +661,7 @@ impl Master {
     async fn next(&mut self) -> Option<Report> {
         match self {
             Master::Redis(client) => match client.next_event().await? {
-                RedisClientEvent::Session(RedisEvent::Ready) => Some(Report::Ready {
+                RedisClientEvent::Ready => Some(Report::Ready {
                     name: "master",
                     what: format!(
                         "subscribed to \"{SERVER_NAME}\", announced POSITION caches 0 and typing 0"
@@ -669,9 +669,11 @@ impl Master {
                     addr: None,
                 }),
                 RedisClientEvent::Connected { .. }
-                | RedisClientEvent::Session(RedisEvent::Follower(_) | RedisEvent::Command(_)) => {
-                    None
-                }
+                | RedisClientEvent::Rows { .. }
+                | RedisClientEvent::Position { .. }
+                | RedisClientEvent::Started { .. }
+                | RedisClientEvent::Command(_)
+                | RedisClientEvent::Session(RedisEvent::Follower(_)) => None,
                 other => Some(Report::Note(format!("master: {other:?}"))),
             },
             Master::Tcp {
@@ -750,46 +752,46 @@ impl Client {
 
     async fn next(&mut self) -> Seen {
         match self {
-            Client::Redis(client) => match client.next_event().await {
-                None => Seen::Closed,
-                Some(RedisClientEvent::Session(RedisEvent::Ready)) => Seen::Ready(format!(
-                    "subscribed to \"{SERVER_NAME}\", asked every writer for its positions \
+            Client::Redis(client) => {
+                match client.next_event().await.map(|e| e.into_follower_event()) {
+                    None => Seen::Closed,
+                    Some(Ok(event)) => Seen::Follower(event),
+                    Some(Err(RedisClientEvent::Ready)) => Seen::Ready(format!(
+                        "subscribed to \"{SERVER_NAME}\", asked every writer for its positions \
                      (REPLICATE)"
-                )),
-                Some(RedisClientEvent::Session(RedisEvent::Follower(event))) => {
-                    Seen::Follower(event)
+                    )),
+                    Some(Err(RedisClientEvent::Disconnected {
+                        link,
+                        reason,
+                        retry_in,
+                    })) => Seen::Note(format!(
+                        "lost its {link} connection ({reason}); reconnecting in {} ms",
+                        retry_in.as_millis()
+                    )),
+                    Some(Err(
+                        RedisClientEvent::Connected { .. } | RedisClientEvent::Command(_),
+                    )) => Seen::Nothing,
+                    Some(Err(other)) => Seen::Note(format!("{other:?}")),
                 }
-                Some(RedisClientEvent::Disconnected {
-                    link,
-                    reason,
-                    retry_in,
-                }) => Seen::Note(format!(
-                    "lost its {link} connection ({reason}); reconnecting in {} ms",
-                    retry_in.as_millis()
-                )),
-                Some(
-                    RedisClientEvent::Connected { .. }
-                    | RedisClientEvent::Session(RedisEvent::Command(_)),
-                ) => Seen::Nothing,
-                Some(other) => Seen::Note(format!("{other:?}")),
-            },
-            Client::Tcp(client) => match client.next_event().await {
+            }
+            Client::Tcp(client) => match client.next_event().await.map(|e| e.into_follower_event())
+            {
                 None => Seen::Closed,
-                Some(TcpClientEvent::Session(ClientEvent::Ready { .. })) => Seen::Ready(
+                Some(Ok(event)) => Seen::Follower(event),
+                Some(Err(TcpClientEvent::Ready { .. })) => Seen::Ready(
                     "connected to master's server, asked for its positions (REPLICATE)".into(),
                 ),
-                Some(TcpClientEvent::Session(ClientEvent::Follower(event))) => {
-                    Seen::Follower(event)
-                }
-                Some(TcpClientEvent::Session(ClientEvent::PeerError(message))) => {
+                Some(Err(TcpClientEvent::Session(ClientEvent::PeerError(message)))) => {
                     Seen::Note(format!("the server said ERROR {message}"))
                 }
-                Some(TcpClientEvent::Disconnected { reason, retry_in }) => Seen::Note(format!(
-                    "lost its connection ({reason}); reconnecting in {} ms",
-                    retry_in.as_millis()
-                )),
-                Some(TcpClientEvent::Connected) => Seen::Nothing,
-                Some(other) => Seen::Note(format!("{other:?}")),
+                Some(Err(TcpClientEvent::Disconnected { reason, retry_in })) => {
+                    Seen::Note(format!(
+                        "lost its connection ({reason}); reconnecting in {} ms",
+                        retry_in.as_millis()
+                    ))
+                }
+                Some(Err(TcpClientEvent::Connected)) => Seen::Nothing,
+                Some(Err(other)) => Seen::Note(format!("{other:?}")),
             },
         }
     }

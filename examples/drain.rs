@@ -285,9 +285,7 @@ async fn follow<R: synapse_replication::transport::Runtime>(
             first = Some(Instant::now());
         }
         match event {
-            RedisClientEvent::Session(RedisEvent::Command(command))
-                if !args.exact && command == *sentinel =>
-            {
+            RedisClientEvent::Command(command) if !args.exact && command == *sentinel => {
                 sentinel_at = Some(seen(client.session()) - 1);
                 break;
             }
@@ -308,7 +306,7 @@ async fn follow<R: synapse_replication::transport::Runtime>(
                 };
                 let _ = client.handle_catch_up(request.id, page);
             }
-            RedisClientEvent::Session(RedisEvent::Ready) => {
+            RedisClientEvent::Ready => {
                 ready = true;
                 eprintln!("drain: ready");
             }

@@ -800,7 +800,7 @@ async fn drive(
                 Poll::Pending => return Poll::Pending,
             };
             let error = match event {
-                RedisClientEvent::Session(RedisEvent::Command(command)) => {
+                RedisClientEvent::Command(command) => {
                     *seen |= command == *sentinel;
                     continue;
                 }

@@ -294,6 +294,17 @@ fn run_tcp(
     let mut out = io::stdout().lock();
     smol::block_on(async {
         while let Some(event) = client.next_event().await {
+            let event = match event.into_follower_event() {
+                Ok(event) if args.events => {
+                    let line = follower_line(event, |id, page| {
+                        let _ = client.handle_catch_up(id, page);
+                    });
+                    writeln!(out, "{line}")?;
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(event) => event,
+            };
             let line = match event {
                 TcpClientEvent::Session(ClientEvent::Received(command)) => received(args, &command),
                 _ if !args.events => continue,
@@ -310,21 +321,12 @@ fn run_tcp(
                         retry_in.as_millis()
                     )
                 }
-                TcpClientEvent::Session(ClientEvent::Ready { server_name }) => {
-                    format!("ready {server_name}")
-                }
-                TcpClientEvent::Session(ClientEvent::Command(command)) => {
-                    format!("command {}", wire(&command))
-                }
+                TcpClientEvent::Ready { server_name } => format!("ready {server_name}"),
+                TcpClientEvent::Command(command) => format!("command {}", wire(&command)),
                 TcpClientEvent::Session(ClientEvent::PeerError(message)) => {
                     format!("error {message}")
                 }
                 TcpClientEvent::Session(ClientEvent::Closing(error)) => format!("closing {error}"),
-                TcpClientEvent::Session(ClientEvent::Follower(event)) => {
-                    follower_line(event, |id, page| {
-                        let _ = client.handle_catch_up(id, page);
-                    })
-                }
                 other => format!("{other:?}"),
             };
             writeln!(out, "{line}")?;
@@ -360,6 +362,17 @@ fn run_redis(
     let mut out = io::stdout().lock();
     smol::block_on(async {
         while let Some(event) = client.next_event().await {
+            let event = match event.into_follower_event() {
+                Ok(event) if args.events => {
+                    let line = follower_line(event, |id, page| {
+                        let _ = client.handle_catch_up(id, page);
+                    });
+                    writeln!(out, "{line}")?;
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(event) => event,
+            };
             let line = match event {
                 RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
                     received(args, &command)
@@ -382,12 +395,8 @@ fn run_redis(
                         retry_in.as_millis()
                     )
                 }
-                RedisClientEvent::Session(RedisEvent::Ready) => {
-                    format!("ready {}", args.server_name)
-                }
-                RedisClientEvent::Session(RedisEvent::Command(command)) => {
-                    format!("command {}", wire(&command))
-                }
+                RedisClientEvent::Ready => format!("ready {}", args.server_name),
+                RedisClientEvent::Command(command) => format!("command {}", wire(&command)),
                 RedisClientEvent::Session(RedisEvent::Malformed { channel, error }) => {
                     format!("malformed {} {error}", String::from_utf8_lossy(&channel))
                 }
@@ -396,11 +405,6 @@ fn run_redis(
                 }
                 RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
                     format!("closing {error}")
-                }
-                RedisClientEvent::Session(RedisEvent::Follower(event)) => {
-                    follower_line(event, |id, page| {
-                        let _ = client.handle_catch_up(id, page);
-                    })
                 }
                 other => format!("{other:?}"),
             };

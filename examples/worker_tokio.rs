@@ -53,7 +53,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, Writer};
+use synapse_replication::positions::{
+    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
+};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::transport::{RedisClient, RedisClientEvent, RedisConfig, TokioRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
@@ -156,14 +158,21 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         "connecting {link} failed: {error}; retry in {} ms",
                         retry_in.as_millis()
                     ),
-                    RedisClientEvent::Session(RedisEvent::Ready) => {
+                    RedisClientEvent::Ready => {
                         let prefix = &args.server_name;
                         println!("ready: subscribed to {prefix}, asked for positions (REPLICATE)");
                     }
-                    RedisClientEvent::Session(RedisEvent::Follower(event)) => {
-                        follow(event, &mut progress, &mut client);
+                    RedisClientEvent::Rows { stream, writer, token, rows, .. } => {
+                        moved(&mut progress, stream, writer, token, rows.len());
                     }
-                    RedisClientEvent::Session(RedisEvent::Command(_)) => {}
+                    RedisClientEvent::Position { stream, writer, token }
+                    | RedisClientEvent::Started { stream, writer, token } => {
+                        moved(&mut progress, stream, writer, token, 0);
+                    }
+                    RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(
+                        request,
+                    ))) => skip(request, &mut client),
+                    RedisClientEvent::Command(_) => {}
                     RedisClientEvent::Session(RedisEvent::Closing { link, error }) => {
                         println!("closing {link}: {error}");
                     }
@@ -184,50 +193,32 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Records what the follower decided; skips catch-ups (no source here).
-fn follow(
-    event: FollowerEvent,
+/// Records that a writer moved.
+fn moved(
     progress: &mut BTreeMap<(StreamName, InstanceName), Progress>,
-    client: &mut RedisClient<TokioRuntime>,
+    stream: StreamName,
+    writer: InstanceName,
+    token: Token,
+    rows: usize,
 ) {
-    let mut moved = |stream: StreamName, writer: InstanceName, token: Token, rows: usize| {
-        let p = progress.entry((stream, writer)).or_default();
-        p.token = Some(token);
-        p.rows += rows as u64;
-        p.moved = true;
+    let p = progress.entry((stream, writer)).or_default();
+    p.token = Some(token);
+    p.rows += rows as u64;
+    p.moved = true;
+}
+
+/// Skips a range of missed rows: this example has no catch-up source.
+fn skip(request: CatchUpRequest, client: &mut RedisClient<TokioRuntime>) {
+    println!(
+        "missed {} {} ({}, {}]: skipped (no catch-up source)",
+        request.stream, request.writer, request.from, request.to
+    );
+    let skip = CatchUpPage {
+        updates: Vec::new(),
+        upto: request.to,
+        limited: false,
     };
-    match event {
-        FollowerEvent::Rows {
-            stream,
-            writer,
-            token,
-            rows,
-            ..
-        } => moved(stream, writer, token, rows.len()),
-        FollowerEvent::Position {
-            stream,
-            writer,
-            token,
-        }
-        | FollowerEvent::Started {
-            stream,
-            writer,
-            token,
-        } => moved(stream, writer, token, 0),
-        FollowerEvent::CatchUp(request) => {
-            println!(
-                "missed {} {} ({}, {}]: skipped (no catch-up source)",
-                request.stream, request.writer, request.from, request.to
-            );
-            let skip = CatchUpPage {
-                updates: Vec::new(),
-                upto: request.to,
-                limited: false,
-            };
-            if let Err(error) = client.handle_catch_up(request.id, skip) {
-                println!("catch-up {}: {error}", request.id);
-            }
-        }
-        other => println!("{other}"),
+    if let Err(error) = client.handle_catch_up(request.id, skip) {
+        println!("catch-up {}: {error}", request.id);
     }
 }

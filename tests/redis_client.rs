@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::redis_server::RedisServer;
-use synapse_replication::positions::{
-    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
-};
+use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
     BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientEvent,
@@ -175,13 +173,13 @@ impl Node {
             eprintln!("{}: {event:?}", self.name);
         }
         match event {
-            RedisClientEvent::Session(RedisEvent::Ready) => self.ready += 1,
-            RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::Rows {
+            RedisClientEvent::Ready => self.ready += 1,
+            RedisClientEvent::Rows {
                 stream,
                 token,
                 rows,
                 ..
-            })) => {
+            } => {
                 let held = self.rows.entry(stream).or_default();
                 held.extend(rows.into_iter().map(|row| (token, row)));
             }
@@ -191,7 +189,7 @@ impl Node {
             RedisClientEvent::Session(RedisEvent::PublishFailed { command, error }) => self
                 .publish_failures
                 .push((command.to_string(), error.code.clone())),
-            RedisClientEvent::Session(RedisEvent::Command(command)) => self.commands.push(command),
+            RedisClientEvent::Command(command) => self.commands.push(command),
             RedisClientEvent::Disconnected {
                 link,
                 reason,
@@ -205,10 +203,8 @@ impl Node {
                 request,
                 failures,
                 retry_in,
-                since,
                 ..
             } => {
-                assert!(since <= Instant::now());
                 self.catch_up_failures
                     .push((request.writer, failures, retry_in));
             }

@@ -430,8 +430,7 @@ fn redis_client_hides_the_password_and_tokens_over_a_real_redis() {
     run_until("the USER_IP at main", |cx| {
         for client in [&mut main, &mut worker] {
             while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
-                if let RedisClientEvent::Session(RedisEvent::Command(Command::UserIp(ip))) = &event
-                {
+                if let RedisClientEvent::Command(Command::UserIp(ip)) = &event {
                     received |= &*ip.access_token == TOKEN;
                 }
                 assert_hidden("RedisClientEvent", &event);

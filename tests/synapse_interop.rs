@@ -227,60 +227,59 @@ fn decode_batch(record: &mut Record, batch: &Batch) {
 fn note(event: RedisClientEvent, record: &mut Record) {
     match event {
         RedisClientEvent::Connected { .. } => {}
-        RedisClientEvent::Session(RedisEvent::Ready) => record.ready += 1,
-        RedisClientEvent::Session(RedisEvent::Follower(event)) => match event {
-            FollowerEvent::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            } => {
-                if writer.is_master() {
-                    record
-                        .master
-                        .insert(stream.as_str().to_owned(), token.get());
-                }
-                let batch = Batch {
-                    stream: stream.as_str().to_owned(),
-                    writer: writer.as_str().to_owned(),
-                    token: token.get(),
-                    rows: rows.into_vec(),
-                    source,
-                };
-                decode_batch(record, &batch);
-                record.batches.push(batch);
-            }
-            FollowerEvent::Position {
-                stream,
-                writer,
-                token,
-            }
-            | FollowerEvent::Started {
-                stream,
-                writer,
-                token,
-            } => {
-                if writer.is_master() {
-                    record
-                        .master
-                        .insert(stream.as_str().to_owned(), token.get());
-                }
+        RedisClientEvent::Ready => record.ready += 1,
+        RedisClientEvent::Rows {
+            stream,
+            writer,
+            token,
+            rows,
+            source,
+        } => {
+            if writer.is_master() {
                 record
-                    .position_events
-                    .insert((stream.as_str().to_owned(), writer.as_str().to_owned()));
+                    .master
+                    .insert(stream.as_str().to_owned(), token.get());
             }
-            FollowerEvent::CatchUp(request) => record.catch_ups.push(request.to_string()),
-            other => record.problems.push(other.to_string()),
-        },
+            let batch = Batch {
+                stream: stream.as_str().to_owned(),
+                writer: writer.as_str().to_owned(),
+                token: token.get(),
+                rows: rows.into_vec(),
+                source,
+            };
+            decode_batch(record, &batch);
+            record.batches.push(batch);
+        }
+        RedisClientEvent::Position {
+            stream,
+            writer,
+            token,
+        }
+        | RedisClientEvent::Started {
+            stream,
+            writer,
+            token,
+        } => {
+            if writer.is_master() {
+                record
+                    .master
+                    .insert(stream.as_str().to_owned(), token.get());
+            }
+            record
+                .position_events
+                .insert((stream.as_str().to_owned(), writer.as_str().to_owned()));
+        }
+        RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+            record.catch_ups.push(request.to_string())
+        }
         RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
             record.received.push(*command);
         }
-        RedisClientEvent::Session(RedisEvent::Command(command)) => record.commands.push(command),
+        RedisClientEvent::Command(command) => record.commands.push(command),
         RedisClientEvent::CatchUpFailed { request, error, .. } => {
             record.catch_up_failures.push(format!("{request}: {error}"));
         }
-        other => record.problems.push(format!("{other:?}")),
+        other => record.problems.push(other.to_string()),
     }
 }
 

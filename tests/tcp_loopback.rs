@@ -187,30 +187,31 @@ impl<R: Runtime + Clone> World<R> {
                         worker.disconnects += 1;
                         worker.ready = false;
                     }
-                    Some(TcpClientEvent::Session(ClientEvent::Ready { .. })) => worker.ready = true,
-                    Some(TcpClientEvent::Session(ClientEvent::Follower(event))) => match event {
-                        FollowerEvent::Rows {
+                    Some(TcpClientEvent::Ready { .. }) => worker.ready = true,
+                    Some(TcpClientEvent::Rows {
+                        stream: StreamName::Caches,
+                        token,
+                        rows,
+                        ..
+                    }) => {
+                        worker.rows.extend(rows.into_iter().map(|row| (token, row)));
+                        worker.position = Some(token);
+                    }
+                    Some(
+                        TcpClientEvent::Position {
                             stream: StreamName::Caches,
                             token,
-                            rows,
                             ..
-                        } => {
-                            worker.rows.extend(rows.into_iter().map(|row| (token, row)));
-                            worker.position = Some(token);
                         }
-                        FollowerEvent::Position {
+                        | TcpClientEvent::Started {
                             stream: StreamName::Caches,
                             token,
                             ..
-                        }
-                        | FollowerEvent::Started {
-                            stream: StreamName::Caches,
-                            token,
-                            ..
-                        } => worker.position = Some(token),
-                        FollowerEvent::CatchUp(_) => worker.catch_ups += 1,
-                        _ => {}
-                    },
+                        },
+                    ) => worker.position = Some(token),
+                    Some(TcpClientEvent::Session(ClientEvent::Follower(
+                        FollowerEvent::CatchUp(_),
+                    ))) => worker.catch_ups += 1,
                     Some(TcpClientEvent::CatchUpFailed { error, .. }) => {
                         panic!("worker{}: catch-up failed: {error}", index + 1)
                     }
@@ -385,7 +386,7 @@ fn a_client_retries_until_a_server_listens() {
                 Poll::Pending
             })
             .await;
-            if let Ok(Some(TcpClientEvent::Session(ClientEvent::Ready { .. }))) = event {
+            if let Ok(Some(TcpClientEvent::Ready { .. })) = event {
                 break;
             }
         }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use common::pair::{SERVER_NAME, registry, wire};
 use futures::StreamExt;
 use futures::channel::mpsc;
-use synapse_replication::positions::{Follower, FollowerEvent, Writer};
+use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
     ClientEvent, ClientSession, ServerEvent, ServerSession, TcpConfig, TcpError,
 };
@@ -310,45 +310,48 @@ fn our_client_against_synapse_server() {
                         break;
                     }
                 }
-                Some(Step::Ours(Some(TcpClientEvent::Session(event)))) => match event {
-                    ClientEvent::Ready { server_name } => {
-                        events.push(format!("ready {server_name}"))
-                    }
-                    ClientEvent::Follower(event) => {
-                        let reached_9 = matches!(
-                            &event,
-                            FollowerEvent::Position {
-                                token: Token(9),
-                                ..
-                            }
-                        );
-                        events.push(match &event {
-                            FollowerEvent::Rows { token, rows, .. } => {
-                                let rows: Vec<&str> = rows.iter().map(RawRow::as_str).collect();
-                                format!("rows {token} {}", rows.join(" "))
-                            }
-                            other => other.to_string(),
-                        });
-                        if reached_9 {
-                            client
-                                .send(Command::UserSync(UserSync {
-                                    instance_id: InstanceName::from("worker1"),
-                                    user_id: "@bob:example.com".into(),
-                                    device_id: None,
-                                    is_syncing: true,
-                                    last_sync_ms: 1700000000001,
-                                }))
-                                .unwrap();
+                Some(Step::Ours(Some(event))) => {
+                    let reached_9 = matches!(
+                        &event,
+                        TcpClientEvent::Position {
+                            token: Token(9),
+                            ..
                         }
+                    );
+                    match event {
+                        TcpClientEvent::Ready { server_name } => {
+                            events.push(format!("ready {server_name}"))
+                        }
+                        TcpClientEvent::Rows { token, rows, .. } => {
+                            let rows: Vec<&str> = rows.iter().map(RawRow::as_str).collect();
+                            events.push(format!("rows {token} {}", rows.join(" ")));
+                        }
+                        event @ (TcpClientEvent::Position { .. }
+                        | TcpClientEvent::Started { .. }
+                        | TcpClientEvent::Reset { .. }
+                        | TcpClientEvent::Session(ClientEvent::Follower(_))) => {
+                            events.push(event.to_string())
+                        }
+                        TcpClientEvent::Session(ClientEvent::Closing(error)) => {
+                            closing = Some(error)
+                        }
+                        TcpClientEvent::Session(other) => events.push(format!("{other:?}")),
+                        TcpClientEvent::Disconnected { .. } => client.close().await,
+                        _ => {}
                     }
-                    ClientEvent::Closing(error) => closing = Some(error),
-                    other => events.push(format!("{other:?}")),
-                },
-                Some(Step::Ours(Some(TcpClientEvent::Disconnected { .. }))) => {
-                    client.close().await;
+                    if reached_9 {
+                        client
+                            .send(Command::UserSync(UserSync {
+                                instance_id: InstanceName::from("worker1"),
+                                user_id: "@bob:example.com".into(),
+                                device_id: None,
+                                is_syncing: true,
+                                last_sync_ms: 1700000000001,
+                            }))
+                            .unwrap();
+                    }
                 }
                 Some(Step::Ours(None)) => closed = true,
-                Some(Step::Ours(_)) => {}
             }
         }
         peer.check_version();

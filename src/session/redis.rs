@@ -323,6 +323,29 @@ pub enum RedisEvent {
     },
 }
 
+impl fmt::Display for RedisEvent {
+    /// One line (rows are counted, not printed; no secret is shown).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let channel = |channel: &Bytes| String::from_utf8_lossy(channel).into_owned();
+        match self {
+            RedisEvent::Ready => f.write_str("ready"),
+            RedisEvent::Follower(event) => write!(f, "{event}"),
+            RedisEvent::Command(command) => write!(f, "command {command:?}"),
+            RedisEvent::Received {
+                channel: on,
+                command,
+            } => write!(f, "received on {}: {command:?}", channel(on)),
+            RedisEvent::Malformed { channel: on, error } => {
+                write!(f, "malformed on {}: {error}", channel(on))
+            }
+            RedisEvent::PublishFailed { command, error } => {
+                write!(f, "publishing {command} failed: {error}")
+            }
+            RedisEvent::Closing { link, error } => write!(f, "closing {link}: {error}"),
+        }
+    }
+}
+
 /// How many commands of each kind, indexed as [`CommandKind::ALL`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommandCounts([u64; CommandKind::ALL.len()]);

@@ -262,6 +262,20 @@ pub enum ClientEvent {
     Closing(TcpError),
 }
 
+impl fmt::Display for ClientEvent {
+    /// One line (rows are counted, not printed; no secret is shown).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientEvent::Ready { server_name } => write!(f, "ready {server_name}"),
+            ClientEvent::Follower(event) => write!(f, "{event}"),
+            ClientEvent::Command(command) => write!(f, "command {command:?}"),
+            ClientEvent::PeerError(message) => write!(f, "error from the server: {message}"),
+            ClientEvent::Received(command) => write!(f, "received {command:?}"),
+            ClientEvent::Closing(error) => write!(f, "closing: {error}"),
+        }
+    }
+}
+
 /// What a [`ServerSession`] tells the application.
 #[derive(Debug)]
 #[non_exhaustive]

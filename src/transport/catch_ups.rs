@@ -89,8 +89,6 @@ pub(super) struct Failure {
     pub(super) retry_in: Duration,
     /// Failures in a row of this writer's catch-up, this one included.
     pub(super) failures: u32,
-    /// When the first of them happened.
-    pub(super) since: Instant,
     /// Set on the failure that makes the catch-up stuck.
     pub(super) stuck: Option<StuckCatchUp>,
 }
@@ -211,7 +209,7 @@ impl CatchUps {
             trouble.error = error.to_string();
             let retry_in = trouble.backoff.next_delay();
             let stuck = (trouble.failures == STUCK_AFTER_FAILURES).then(|| trouble.report());
-            let (failures, since) = (trouble.failures, trouble.since);
+            let failures = trouble.failures;
             let sleep = runtime.sleep_until(now + retry_in);
             let id = request.id;
             self.fetches.push(Box::pin(async move {
@@ -223,7 +221,6 @@ impl CatchUps {
                 error,
                 retry_in,
                 failures,
-                since,
                 stuck,
             });
         }

@@ -35,6 +35,7 @@ use crate::writers::{InstanceLocation, StreamWriters};
 
 use super::redis_config::{RedisConfig, TlsConfig};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use super::synapse_config::SynapseConfig;
 use super::{BoxError, CatchUpSource};
 
 /// How long one page may take, connecting included, by default.
@@ -161,6 +162,16 @@ impl<R: Runtime> HttpCatchUp<R> {
             runtime,
             move |instance: &InstanceName| writers.location(instance).cloned(),
             secret,
+        )
+    }
+
+    /// Fetches from the writers of the deployment `synapse` describes, at
+    /// their `instance_map` addresses, with its replication secret.
+    pub fn from_synapse(runtime: R, synapse: &SynapseConfig) -> HttpCatchUp<R> {
+        HttpCatchUp::new(
+            runtime,
+            synapse.writers().clone(),
+            synapse.replication_secret().map(str::to_owned),
         )
     }
 

@@ -14,7 +14,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use synapse_replication::positions::Follower;
-//! use synapse_replication::session::{ClientEvent, ClientSession};
+//! use synapse_replication::session::ClientSession;
 //! use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
 //! use synapse_replication::wire::InstanceName;
 //! use synapse_replication::writers::StreamWriters;
@@ -25,8 +25,10 @@
 //! smol::block_on(async {
 //!     while let Some(event) = client.next_event().await {
 //!         match event {
-//!             TcpClientEvent::Session(ClientEvent::Follower(event)) => println!("{event}"),
-//!             other => println!("{other:?}"),
+//!             TcpClientEvent::Rows { stream, writer, token, rows, .. } => {
+//!                 println!("{stream} {writer} {token}: {} rows", rows.len())
+//!             }
+//!             other => println!("{other}"),
 //!         }
 //!     }
 //! });
@@ -63,6 +65,149 @@
 //! the byte stream over TCP, a Unix socket, or TLS (feature `tls`, rustls),
 //! which never falls back to plaintext.
 
+/// Brings a [`FollowerEvent`](crate::positions::FollowerEvent)'s common
+/// variants up into a client event enum with the same variants (`Rows`,
+/// `Position`, `Started`, `Reset`), and the rest into `$other`.
+macro_rules! from_follower {
+    ($event:expr, $client:ident, $other:expr) => {
+        match $event {
+            FollowerEvent::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            } => $client::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            },
+            FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            } => $client::Position {
+                stream,
+                writer,
+                token,
+            },
+            FollowerEvent::Started {
+                stream,
+                writer,
+                token,
+            } => $client::Started {
+                stream,
+                writer,
+                token,
+            },
+            FollowerEvent::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            } => $client::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            },
+            other => $other(other),
+        }
+    };
+}
+
+/// The inverse of `from_follower!`: the client event's
+/// [`FollowerEvent`](crate::positions::FollowerEvent), if it is one.
+macro_rules! into_follower {
+    ($event:expr, $client:ident, $session:ident) => {
+        match $event {
+            $client::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            } => Ok(FollowerEvent::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            }),
+            $client::Position {
+                stream,
+                writer,
+                token,
+            } => Ok(FollowerEvent::Position {
+                stream,
+                writer,
+                token,
+            }),
+            $client::Started {
+                stream,
+                writer,
+                token,
+            } => Ok(FollowerEvent::Started {
+                stream,
+                writer,
+                token,
+            }),
+            $client::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            } => Ok(FollowerEvent::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            }),
+            $client::Session($session::Follower(event)) => Ok(event),
+            other => Err(other),
+        }
+    };
+}
+
+/// Formats those variants as [`FollowerEvent`](crate::positions::FollowerEvent)'s
+/// `Display` does; `None` for the others.
+macro_rules! fmt_follower {
+    ($f:expr, $event:expr, $client:ident) => {
+        match $event {
+            $client::Rows {
+                stream,
+                writer,
+                token,
+                rows,
+                source,
+            } => Some(write!(
+                $f,
+                "rows {stream} {writer} {token} ({} rows, {source:?})",
+                rows.len()
+            )),
+            $client::Position {
+                stream,
+                writer,
+                token,
+            } => Some(write!($f, "position {stream} {writer} {token}")),
+            $client::Started {
+                stream,
+                writer,
+                token,
+            } => Some(write!($f, "started {stream} {writer} {token}")),
+            $client::Reset {
+                stream,
+                writer,
+                previous,
+                new,
+            } => Some(write!($f, "reset {stream} {writer} {previous} -> {new}")),
+            _ => None,
+        }
+    };
+}
+
 mod catch_ups;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
@@ -72,6 +217,7 @@ mod runtime;
 #[cfg(feature = "runtime-smol")]
 mod smol;
 mod socket;
+mod synapse_config;
 mod tcp;
 #[cfg(feature = "runtime-tokio")]
 mod tokio;
@@ -94,6 +240,7 @@ pub use redis_config::{
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 pub use smol::SmolRuntime;
+pub use synapse_config::{SynapseConfig, SynapseConfigError};
 pub use tcp::{
     CommandSendError, CommandSender, Disconnect, TcpClient, TcpClientEvent, TcpClientOptions,
     TcpServer, TcpServerEvent, TcpServerOptions,
@@ -108,7 +255,7 @@ pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 /// [`CatchUpRequest`] with one page of rows.
 ///
 /// Synapse answers over HTTP (`get_repl_stream_updates`, see
-/// [`CatchUpRequest::path`] and [`HttpCatchUp`](crate::transport::HttpCatchUp));
+/// [`CatchUpRequest::path`] and `HttpCatchUp`);
 /// a Rust deployment answers from the writer's log. A page may be
 /// `limited` (the follower then asks for the next). Errors are retried by
 /// the driver, with a backoff per (stream, writer).

@@ -9,14 +9,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent};
+use crate::positions::{
+    CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Rows,
+    SeedError, WriteError, Writer,
+};
 use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, RedisStats, SendError};
-use crate::wire::{Command, CommandKind};
+use crate::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
+use crate::writers::WriterRegistry;
 
 use super::catch_ups::{CatchUps, StuckCatchUp};
-use super::redis_config::RedisConfig;
+use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::socket::{Link, Timer};
+use super::synapse_config::SynapseConfig;
 use super::tcp::{CommandQueue, CommandSender, Disconnect};
 use super::{Backoff, BoxError, CatchUpSource};
 
@@ -68,11 +73,89 @@ impl Default for RedisClientOptions {
 }
 
 /// What a [`RedisClient`] tells the application.
+///
+/// The common events are one level deep: [`Ready`](Self::Ready), then
+/// [`Rows`](Self::Rows) and [`Position`](Self::Position) of the streams
+/// followed, other processes' [`Command`](Self::Command)s, and the
+/// connection's and catch-ups' ups and downs. What else the session
+/// reports (malformed messages, refused publishes, rejected writers, the
+/// catch-ups it asks for, ...) comes as [`Session`](Self::Session).
+///
+/// ```
+/// # use synapse_replication::transport::RedisClientEvent;
+/// fn handle(event: RedisClientEvent) {
+///     match event {
+///         RedisClientEvent::Rows { stream, writer, token, rows, .. } => {
+///             println!("{stream} from {writer} at {token}: {} rows", rows.len())
+///         }
+///         RedisClientEvent::Command(command) => println!("{}", command.kind()),
+///         other => println!("{other}"),
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisClientEvent {
-    /// A connection is up; its handshake is on its way. The session's
-    /// [`RedisEvent::Ready`] follows once both are subscribed and
+    /// Every channel is subscribed and the publisher is up: `REPLICATE`
+    /// (after a new subscription) and this process's positions are on
+    /// their way. Send what others must hear on every connection now
+    /// (Synapse's workers send a `USER_SYNC` per syncing user).
+    Ready,
+    /// Rows of one token of `stream`, written by `writer`, to apply
+    /// together (see [`FollowerEvent::Rows`]).
+    Rows {
+        /// The stream.
+        stream: StreamName,
+        /// The writer that wrote them.
+        writer: InstanceName,
+        /// Their token: the writer's position once they are applied.
+        token: Token,
+        /// The rows, in the order written.
+        rows: Rows,
+        /// Whether they came live or from a catch-up.
+        source: RowSource,
+    },
+    /// A writer's position moved without rows (see
+    /// [`FollowerEvent::Position`]).
+    Position {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The new position.
+        token: Token,
+    },
+    /// The follower began following a writer it had no position for;
+    /// rows before `token` were not fetched (see
+    /// [`FollowerEvent::Started`]).
+    Started {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// Where following starts.
+        token: Token,
+    },
+    /// A writer's stream went backwards: it restarted (see
+    /// [`FollowerEvent::Reset`]).
+    Reset {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// The position before the reset.
+        previous: Token,
+        /// The writer's announced position.
+        new: Token,
+    },
+    /// A command for the application from another process: `USER_SYNC`,
+    /// `CLEAR_USER_SYNC`, `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`,
+    /// `LOCK_RELEASED`, `NEW_ACTIVE_TASK`, `CANCEL_TASK` (and `ERROR`,
+    /// `PING`, which Synapse only logs). This process's own come back too:
+    /// Redis echoes them.
+    Command(Command),
+    /// A connection is up; its handshake is on its way.
+    /// [`Ready`](Self::Ready) follows once both are subscribed and
     /// authenticated.
     Connected {
         /// Which.
@@ -99,8 +182,10 @@ pub enum RedisClientEvent {
         /// The delay before reconnecting.
         retry_in: Duration,
     },
-    /// What the session reports: readiness, the follower's events, other
-    /// processes' commands, refused publishes, errors.
+    /// What else the session reports: malformed messages, refused
+    /// publishes, the follower's other events (catch-ups it asked for,
+    /// rejected writers), commands received with `report_received`, and a
+    /// connection it gives up.
     Session(RedisEvent),
     /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
     /// new id) after `retry_in`. Only this writer's rows of the stream wait
@@ -112,10 +197,9 @@ pub enum RedisClientEvent {
         error: BoxError,
         /// The delay before asking again.
         retry_in: Duration,
-        /// Failures in a row of this writer's catch-up, this one included.
+        /// Failures in a row of this writer's catch-up, this one included
+        /// (since when: `stuck_catch_ups`, once it is stuck).
         failures: u32,
-        /// When the first of them happened.
-        since: Instant,
     },
     /// A catch-up failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times in a row (reported
     /// once per run of failures; it is still retried). Until it succeeds it
@@ -129,6 +213,80 @@ pub enum RedisClientEvent {
         /// Why.
         error: SendError,
     },
+}
+
+impl From<RedisEvent> for RedisClientEvent {
+    /// Brings the common session events up one level.
+    fn from(event: RedisEvent) -> RedisClientEvent {
+        match event {
+            RedisEvent::Ready => RedisClientEvent::Ready,
+            RedisEvent::Command(command) => RedisClientEvent::Command(command),
+            RedisEvent::Follower(event) => from_follower!(event, RedisClientEvent, |other| {
+                RedisClientEvent::Session(RedisEvent::Follower(other))
+            }),
+            other => RedisClientEvent::Session(other),
+        }
+    }
+}
+
+impl RedisClientEvent {
+    /// The follower's event this is, if it is one (rows, positions,
+    /// resets, and the follower's other events inside
+    /// [`Session`](Self::Session)); the event itself otherwise. For code
+    /// that handles [`FollowerEvent`]s whatever the transport.
+    pub fn into_follower_event(self) -> Result<FollowerEvent, RedisClientEvent> {
+        into_follower!(self, RedisClientEvent, RedisEvent)
+    }
+}
+
+impl fmt::Display for RedisClientEvent {
+    /// One line (rows are counted, not printed; no secret is shown).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(done) = fmt_follower!(f, self, RedisClientEvent) {
+            return done;
+        }
+        match self {
+            RedisClientEvent::Ready => f.write_str("ready"),
+            RedisClientEvent::Command(command) => write!(f, "command {command:?}"),
+            RedisClientEvent::Connected { link } => write!(f, "connected {link}"),
+            RedisClientEvent::ConnectFailed {
+                link,
+                error,
+                retry_in,
+            } => write!(
+                f,
+                "connecting {link} failed: {error}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisClientEvent::Disconnected {
+                link,
+                reason,
+                retry_in,
+            } => write!(
+                f,
+                "disconnected {link}: {reason}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisClientEvent::Session(event) => write!(f, "{event}"),
+            RedisClientEvent::CatchUpFailed {
+                request,
+                error,
+                retry_in,
+                failures,
+                ..
+            } => write!(
+                f,
+                "{request} failed ({failures} in a row): {error}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisClientEvent::CatchUpStuck(stuck) => write!(f, "{stuck}"),
+            RedisClientEvent::SendFailed { command, error } => {
+                write!(f, "sending {command} failed: {error}")
+            }
+            // The follower's, formatted above.
+            _ => Ok(()),
+        }
+    }
 }
 
 struct Live {
@@ -182,27 +340,21 @@ struct Slot {
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::sync::Arc;
-/// use synapse_replication::positions::{Follower, Writer};
-/// use synapse_replication::session::{RedisEvent, RedisOptions, RedisSession};
-/// use synapse_replication::transport::{RedisClient, RedisClientEvent, RedisConfig, SmolRuntime};
-/// use synapse_replication::wire::InstanceName;
-/// use synapse_replication::writers::StreamWriters;
+/// use synapse_replication::transport::{
+///     RedisClient, RedisClientEvent, SmolRuntime, SynapseConfig,
+/// };
 ///
-/// let config = RedisConfig::from_url("redis://127.0.0.1:6379")?;
-/// let registry = Arc::new(StreamWriters::default().with_redis(true));
-/// let me = InstanceName::from("worker1");
-/// let session = RedisSession::new(
-///     config.session_options("example.com"),
-///     Follower::new(me.clone(), registry.clone()),
-///     Writer::new(me, registry),
-/// );
-/// let mut client = RedisClient::new(SmolRuntime, config, session);
+/// let synapse = SynapseConfig::from_json(
+///     r#"{"server_name": "example.com", "redis": {"enabled": true}}"#,
+/// )?;
+/// let mut client = RedisClient::follow(SmolRuntime, &synapse, "worker1")?;
 /// smol::block_on(async {
 ///     while let Some(event) = client.next_event().await {
 ///         match event {
-///             RedisClientEvent::Session(RedisEvent::Follower(event)) => println!("{event}"),
-///             other => println!("{other:?}"),
+///             RedisClientEvent::Rows { stream, writer, token, rows, .. } => {
+///                 println!("{stream} {writer} {token}: {} rows", rows.len())
+///             }
+///             other => println!("{other}"),
 ///         }
 ///     }
 /// });
@@ -211,6 +363,12 @@ struct Slot {
 /// # #[cfg(not(feature = "runtime-smol"))]
 /// # fn main() {}
 /// ```
+///
+/// # Cancel safety
+///
+/// [`next_event`](RedisClient::next_event) is cancel safe: dropping its
+/// future (in a `select!` with a timer, say) loses no event and no row;
+/// what was read is kept for the next call.
 pub struct RedisClient<R: Runtime> {
     runtime: R,
     config: RedisConfig,
@@ -240,6 +398,35 @@ impl<R: Runtime> fmt::Debug for RedisClient<R> {
 }
 
 impl<R: Runtime> RedisClient<R> {
+    /// A client for the process `name` of the deployment `synapse`
+    /// describes (see [`SynapseConfig`]): it follows every stream, trusting
+    /// the writers the configuration lists, over the deployment's Redis,
+    /// under the name `name` (also its Redis client name). It writes no
+    /// stream until told to ([`RedisClient::advance`],
+    /// [`RedisClient::write`]). Missed rows are fetched once a
+    /// [`CatchUpSource`] is given ([`RedisClient::with_catch_up`]; over
+    /// Synapse's endpoint: [`HttpCatchUp::from_synapse`](super::HttpCatchUp::from_synapse)).
+    ///
+    /// Fails with [`RedisConfigError::Disabled`] when the deployment does
+    /// not use Redis.
+    pub fn follow(
+        runtime: R,
+        synapse: &SynapseConfig,
+        name: impl Into<InstanceName>,
+    ) -> Result<RedisClient<R>, RedisConfigError> {
+        let config = synapse.redis().ok_or(RedisConfigError::Disabled)?.clone();
+        let name = name.into();
+        let mut options = config.session_options(synapse.server_name());
+        options.client_name = Some(name.to_string());
+        let writers: Arc<dyn WriterRegistry> = synapse.writers().clone();
+        let session = RedisSession::new(
+            options,
+            Follower::new(name.clone(), writers.clone()),
+            Writer::new(name, writers),
+        );
+        Ok(RedisClient::new(runtime, config, session))
+    }
+
     /// A client connecting as `config` says, with the default options. It
     /// connects on the first [`next_event`](RedisClient::next_event).
     ///
@@ -284,6 +471,48 @@ impl<R: Runtime> RedisClient<R> {
     pub fn with_catch_up(mut self, source: Arc<dyn CatchUpSource>) -> RedisClient<R> {
         self.catch_ups.set_source(source);
         self
+    }
+
+    /// Sets where following `writer` on `stream` resumes (a position the
+    /// application persisted; see [`Follower::set_position`]).
+    pub fn set_position(
+        &mut self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+    ) -> Result<(), SeedError> {
+        self.session
+            .follower_mut()
+            .set_position(stream, writer, token)
+    }
+
+    /// The follower: positions ([`Follower::positions`]), counters.
+    pub fn follower(&self) -> &Follower {
+        self.session.follower()
+    }
+
+    /// The writer: what this process announced of the streams it writes.
+    pub fn writer(&self) -> &Writer {
+        self.session.writer()
+    }
+
+    /// Writes rows of `stream` up to its `current` token (see
+    /// [`Writer::write`]): published as `RDATA` and `POSITION` on the next
+    /// [`next_event`](RedisClient::next_event) when ready, announced on the
+    /// next connection otherwise.
+    pub fn write(
+        &mut self,
+        stream: &StreamName,
+        current: Token,
+        updates: impl IntoIterator<Item = (Token, RawRow)>,
+    ) -> Result<(), WriteError> {
+        self.session.write(stream, current, updates)
+    }
+
+    /// Moves `stream`'s token without rows, or starts writing `stream` (see
+    /// [`Writer::advance`]).
+    pub fn advance(&mut self, stream: &StreamName, current: Token) -> Result<(), WriteError> {
+        self.session.advance(stream, current)
     }
 
     /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times or more in
@@ -351,7 +580,8 @@ impl<R: Runtime> RedisClient<R> {
     }
 
     /// Drives the connections until there is something to report; `None`
-    /// once [`close`](RedisClient::close) was called.
+    /// once [`close`](RedisClient::close) was called. Cancel safe (see the
+    /// type's docs).
     pub async fn next_event(&mut self) -> Option<RedisClientEvent> {
         poll_fn(|cx| self.poll_next_event(cx)).await
     }
@@ -423,7 +653,6 @@ impl<R: Runtime> RedisClient<R> {
                         error: failure.error,
                         retry_in: failure.retry_in,
                         failures: failure.failures,
-                        since: failure.since,
                     });
                     if let Some(stuck) = failure.stuck {
                         events.push_back(RedisClientEvent::CatchUpStuck(stuck));
@@ -452,7 +681,7 @@ impl<R: Runtime> RedisClient<R> {
         }
         let event = self.session.poll_event()?;
         self.observe(&event);
-        Some(RedisClientEvent::Session(event))
+        Some(RedisClientEvent::from(event))
     }
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
@@ -476,7 +705,7 @@ impl<R: Runtime> RedisClient<R> {
     fn flush_session(&mut self) {
         while let Some(event) = self.session.poll_event() {
             self.observe(&event);
-            self.events.push_back(RedisClientEvent::Session(event));
+            self.events.push_back(RedisClientEvent::from(event));
         }
     }
 

@@ -8,7 +8,7 @@ use crate::wire::{CommandKind, InstanceName, StreamName, Token};
 use super::super::catch_up::CatchUpRequest;
 use super::Rows;
 
-/// What the application must do, as a [`Follower`] decides it.
+/// What the application must do, as a [`Follower`](super::Follower) decides it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FollowerEvent {
@@ -52,12 +52,12 @@ pub enum FollowerEvent {
         token: Token,
     },
     /// Rows were missed: fetch them (see [`CatchUpRequest`]) and answer with
-    /// [`Follower::handle_catch_up`] or [`Follower::catch_up_failed`]. The
+    /// [`Follower::handle_catch_up`](super::Follower::handle_catch_up) or [`Follower::catch_up_failed`](super::Follower::catch_up_failed). The
     /// stream's later commands wait until then.
     CatchUp(CatchUpRequest),
     /// The writer's stream went backwards (`POSITION` with a new token below
     /// the current one, on a stream whose tokens may restart: see
-    /// [`tokens_only_grow`](super::tokens_only_grow)). The writer restarted:
+    /// [`tokens_only_grow`](crate::positions::tokens_only_grow)). The writer restarted:
     /// forget what its rows built (Synapse's typing handler clears every
     /// room). Rows of its new life follow, starting above 0, through a
     /// catch-up when some were already written.
@@ -181,7 +181,7 @@ pub enum SeedError {
     CatchUpOutstanding(StreamName),
 }
 
-/// Bounds on what a [`Follower`] holds, whatever its input.
+/// Bounds on what a [`Follower`](super::Follower) holds, whatever its input.
 ///
 /// When a bound is reached nothing is lost silently: the rows that could
 /// not be held are fetched again through a catch-up.
@@ -202,7 +202,7 @@ pub struct FollowerLimits {
     pub max_buffered_bytes: usize,
     /// (stream, writer) pairs tracked (default 4096). A command that would
     /// add one more is rejected with [`RejectReason::TooManyWriters`]; see
-    /// [`Follower::forget_writer`].
+    /// [`Follower::forget_writer`](super::Follower::forget_writer).
     pub max_tracked_pairs: usize,
 }
 
@@ -217,7 +217,7 @@ impl Default for FollowerLimits {
     }
 }
 
-/// What a [`Follower`] has done, for metrics.
+/// What a [`Follower`](super::Follower) has done, for metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FollowerCounters {
@@ -253,7 +253,7 @@ pub struct FollowerCounters {
     pub catch_up_pages: u64,
     /// Catch-ups completed.
     pub catch_ups_completed: u64,
-    /// Catch-ups asked again after [`Follower::catch_up_failed`].
+    /// Catch-ups asked again after [`Follower::catch_up_failed`](super::Follower::catch_up_failed).
     pub catch_up_retries: u64,
     /// Times a stream's held commands were folded (queue limit reached).
     pub queue_overflows: u64,
