@@ -185,34 +185,43 @@ impl Record {
 
 fn note(event: RedisClientEvent, record: &mut Record) {
     match event {
-        RedisClientEvent::Session(RedisEvent::Ready) => record.ready(),
-        RedisClientEvent::Session(RedisEvent::Follower(event)) => match event {
-            FollowerEvent::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-                ..
-            } => record.rows(&stream, &writer, token.get(), rows.into_vec(), source),
-            FollowerEvent::CatchUp(request) => record.catch_up(&request),
-            problem @ (FollowerEvent::Reset { .. } | FollowerEvent::Rejected { .. }) => {
-                record.problems.push(problem.to_string());
-            }
-            other => record.other(&other),
-        },
+        RedisClientEvent::Ready => record.ready(),
+        RedisClientEvent::Rows {
+            stream,
+            writer,
+            token,
+            rows,
+            source,
+            ..
+        } => record.rows(&stream, &writer, token.get(), rows.into_vec(), source),
+        RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+            record.catch_up(&request);
+        }
+        problem @ (RedisClientEvent::Reset { .. }
+        | RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::Rejected {
+            ..
+        }))) => {
+            record.problems.push(format!("{problem:?}"));
+        }
+        other @ (RedisClientEvent::Position { .. } | RedisClientEvent::Started { .. }) => {
+            record.other(&other);
+        }
+        RedisClientEvent::Session(RedisEvent::Follower(other)) => record.other(&other),
         RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
             record.received.push(*command);
         }
         // Other processes' USER_SYNC, LOCK_RELEASED, ...: not this test's
         // business.
-        RedisClientEvent::Session(RedisEvent::Command(_)) => {}
+        RedisClientEvent::Command(_) => {}
         RedisClientEvent::Connected { .. } => {}
         RedisClientEvent::Disconnected { .. } => record.disconnects += 1,
         RedisClientEvent::ConnectFailed { .. } => record.connect_failures += 1,
         RedisClientEvent::CatchUpFailed { request, error, .. } => {
             record.catch_up_failed(&request, &error);
         }
+        // Reported after a run of failures; the final checks list what is
+        // still outstanding.
+        RedisClientEvent::CatchUpStuck(stuck) => record.other(&format!("stuck {stuck:?}")),
         other => record.problems.push(format!("{other:?}")),
     }
 }
