@@ -405,7 +405,8 @@ impl<R: Runtime> RedisClient<R> {
     /// stream until told to ([`RedisClient::advance`],
     /// [`RedisClient::write`]). Missed rows are fetched once a
     /// [`CatchUpSource`] is given ([`RedisClient::with_catch_up`]; over
-    /// Synapse's endpoint: [`HttpCatchUp::from_synapse`](super::HttpCatchUp::from_synapse)).
+    /// Synapse's endpoint: `HttpCatchUp::from_synapse`, feature
+    /// `http-catch-up`).
     ///
     /// Fails with [`RedisConfigError::Disabled`] when the deployment does
     /// not use Redis.
