@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use synapse_replication::positions::{Follower, Writer};
-use synapse_replication::resp::{Decoder, Frame};
+use synapse_replication::resp::{Frame, RespDecoder};
 use synapse_replication::session::RedisSession;
 use synapse_replication::transport::{
     RedisClient, RedisClientEvent, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
@@ -91,7 +91,7 @@ fn serve(wire: Arc<Vec<u8>>) -> u16 {
 }
 
 fn answer(mut stream: TcpStream, wire: &[u8]) {
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut input = BytesMut::new();
     let mut buf = vec![0; 64 << 10];
     let mut subscribed = 0;
@@ -146,7 +146,7 @@ fn answer(mut stream: TcpStream, wire: &[u8]) {
 /// the wall time from `Ready` to the sentinel.
 fn run(runtime: &str, port: u16) -> (Duration, Duration) {
     let config = RedisConfig::tcp("127.0.0.1", port);
-    let mut options = config.session_options(CHANNEL);
+    let mut options = config.session_config(CHANNEL);
     options.extra_channels = vec!["USER_IP".to_owned()];
     options.client_name = Some("bench".to_owned());
     let registry = Arc::new(StreamWriters::default().with_redis(true));

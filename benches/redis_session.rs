@@ -11,7 +11,7 @@
 //! decoding, the follower's bookkeeping, events drained and dropped). The
 //! other benchmarks stop earlier, to show where the time goes:
 //!
-//! - `resp`: `resp::Decoder::decode_pubsub` alone, reads appended to a
+//! - `resp`: `resp::RespDecoder::decode_pubsub` alone, reads appended to a
 //!   `BytesMut` as the session does;
 //! - `resp_wire`: plus `wire::Decoder::decode` of each payload;
 //! - `resp_wire_follower`: plus `Follower::handle_command` for `RDATA` and
@@ -32,7 +32,7 @@ use divan::counter::{BytesCount, ItemsCount};
 use divan::{Bencher, black_box};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{self, Frame, Incoming};
-use synapse_replication::session::{RedisEvent, RedisLink, RedisOptions, RedisSession};
+use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{self, Command, InstanceName};
 
 #[path = "../examples/flood.rs"]
@@ -100,7 +100,7 @@ fn input() -> &'static Input {
 /// A session as `drain` has it once ready: subscribed to the channel and
 /// its `USER_IP` channel, both links up.
 fn ready_session(now: Instant) -> RedisSession {
-    let mut options = RedisOptions::new(CHANNEL);
+    let mut options = RedisSessionConfig::new(CHANNEL);
     options.extra_channels = vec!["USER_IP".to_owned()];
     options.client_name = None;
     let me = InstanceName::from("drain");
@@ -158,7 +158,7 @@ fn run_session(session: &mut RedisSession, wire: &[u8], now: Instant) -> u64 {
 /// RESP only (and, with `wire`, command decoding; with `follower`, the
 /// follower too), reads appended to one buffer as the session does.
 fn run_stages(wire: &[u8], decode: bool, follower: Option<&mut Follower>) -> usize {
-    let mut decoder = resp::Decoder::new();
+    let mut decoder = resp::RespDecoder::new();
     let commands = wire::Decoder::new();
     let mut buf = BytesMut::new();
     let mut count = 0;
@@ -266,7 +266,7 @@ fn report() {
     }
 }
 
-/// `resp::Decoder::decode_pubsub` alone.
+/// `resp::RespDecoder::decode_pubsub` alone.
 #[divan::bench(sample_count = 5, sample_size = 1)]
 fn resp(bencher: Bencher) {
     let input = input();

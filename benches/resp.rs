@@ -12,7 +12,7 @@ use bytes::BytesMut;
 use divan::counter::{BytesCount, ItemsCount};
 use divan::{Bencher, black_box};
 use synapse_replication::resp::{
-    Decoder, Frame, Incoming, encode_command, encode_publish, publish_len,
+    Frame, Incoming, RespDecoder, encode_command, encode_publish, publish_len,
 };
 
 fn main() {
@@ -61,7 +61,7 @@ fn wire(resp3: bool) -> BytesMut {
     buf
 }
 
-fn count_messages(decoder: &mut Decoder, buf: &mut BytesMut) -> usize {
+fn count_messages(decoder: &mut RespDecoder, buf: &mut BytesMut) -> usize {
     let mut count = 0;
     while let Ok(Some(item)) = decoder.decode_pubsub(buf) {
         if let Incoming::Message(message) = item {
@@ -82,7 +82,7 @@ fn pubsub_resp2(bencher: Bencher) {
         .counter(BytesCount::new(input.len()))
         .with_inputs(|| input.clone())
         .bench_local_values(|mut buf| {
-            let mut decoder = Decoder::new();
+            let mut decoder = RespDecoder::new();
             assert_eq!(count_messages(&mut decoder, &mut buf), MESSAGES);
             buf
         });
@@ -97,7 +97,7 @@ fn pubsub_resp3(bencher: Bencher) {
         .counter(BytesCount::new(input.len()))
         .with_inputs(|| input.clone())
         .bench_local_values(|mut buf| {
-            let mut decoder = Decoder::new();
+            let mut decoder = RespDecoder::new();
             assert_eq!(count_messages(&mut decoder, &mut buf), MESSAGES);
             buf
         });
@@ -113,7 +113,7 @@ fn frames_resp2(bencher: Bencher) {
         .counter(BytesCount::new(input.len()))
         .with_inputs(|| input.clone())
         .bench_local_values(|mut buf| {
-            let mut decoder = Decoder::new();
+            let mut decoder = RespDecoder::new();
             let mut count = 0;
             while let Ok(Some(frame)) = decoder.decode(&mut buf) {
                 black_box(&frame);
@@ -135,7 +135,7 @@ fn pubsub_in_reads(bencher: Bencher, size: usize) {
         .counter(ItemsCount::new(MESSAGES))
         .counter(BytesCount::new(input.len()))
         .bench_local(|| {
-            let mut decoder = Decoder::new();
+            let mut decoder = RespDecoder::new();
             let mut buf = BytesMut::with_capacity(2 * size);
             let mut count = 0;
             for read in input.chunks(size) {

@@ -566,7 +566,7 @@ impl Master {
     fn redis(config: &RedisConfig, streams: &[StreamName]) -> Result<Master> {
         // Over Redis every process writes `caches` too.
         let registry = Arc::new(StreamWriters::default().with_redis(true));
-        let mut options = config.session_options(SERVER_NAME);
+        let mut options = config.session_config(SERVER_NAME);
         options.client_name = Some("master".into());
         let session = RedisSession::new(
             options,
@@ -729,7 +729,7 @@ impl Client {
     fn redis(name: &'static str, config: &RedisConfig, log: Arc<Mutex<Log>>) -> Client {
         let registry = Arc::new(StreamWriters::default().with_redis(true));
         let me = InstanceName::from(name);
-        let mut options = config.session_options(SERVER_NAME);
+        let mut options = config.session_config(SERVER_NAME);
         // Its connections are `<name>-sub` and `<name>-pub` in CLIENT LIST.
         options.client_name = Some(name.into());
         let session = RedisSession::new(
@@ -968,7 +968,7 @@ impl RedisServer {
 /// RESP encoder and decoder.
 struct Admin {
     stream: smol::net::TcpStream,
-    decoder: resp::Decoder,
+    decoder: resp::RespDecoder,
     input: BytesMut,
 }
 
@@ -976,7 +976,7 @@ impl Admin {
     async fn connect(port: u16) -> io::Result<Admin> {
         Ok(Admin {
             stream: smol::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?,
-            decoder: resp::Decoder::new(),
+            decoder: resp::RespDecoder::new(),
             input: BytesMut::new(),
         })
     }
@@ -1027,7 +1027,7 @@ impl Admin {
     }
 
     /// Kills the connections a session named `name` opened (`<name>-sub`
-    /// and `<name>-pub`, see `RedisOptions::client_name`); returns their ids.
+    /// and `<name>-pub`, see `RedisSessionConfig::client_name`); returns their ids.
     async fn kill_connections_of(&mut self, name: &str) -> Result<Vec<String>> {
         let names = [format!("name={name}-sub"), format!("name={name}-pub")];
         let list = self.text(&["CLIENT", "LIST"]).await?;

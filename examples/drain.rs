@@ -46,7 +46,7 @@
 //! and exact as long as nothing follows the sentinel within one read (the
 //! counters also cover the rest of the read the sentinel was in). `--exact`
 //! counts the session's `Received` and `Malformed` events instead
-//! (`RedisOptions::report_received`), one per message in order, at the
+//! (`RedisSessionConfig::report_received`), one per message in order, at the
 //! price of one event per message.
 
 use std::io::{self, Write};
@@ -206,7 +206,7 @@ fn run(args: &Args) -> ExitCode {
     use synapse_replication::positions::{Follower, Writer};
     use synapse_replication::session::RedisSession;
     use synapse_replication::transport::{
-        RedisClient, RedisClientOptions, RedisConfig, SmolRuntime, TokioRuntime,
+        RedisClient, RedisClientConfig, RedisConfig, SmolRuntime, TokioRuntime,
     };
     use synapse_replication::wire::InstanceName;
     use synapse_replication::writers::StreamWriters;
@@ -219,7 +219,7 @@ fn run(args: &Args) -> ExitCode {
         }
     };
     let config = RedisConfig::tcp("127.0.0.1", args.port);
-    let mut options = config.session_options(args.channel.as_str());
+    let mut options = config.session_config(args.channel.as_str());
     options.extra_channels = vec!["USER_IP".to_owned()];
     options.client_name = Some("drain".to_owned());
     options.report_received = args.exact;
@@ -230,7 +230,7 @@ fn run(args: &Args) -> ExitCode {
         Follower::new(me.clone(), registry.clone()),
         Writer::new(me, registry),
     );
-    let mut client_options = RedisClientOptions::default();
+    let mut client_options = RedisClientConfig::default();
     if let Some(size) = args.read_buffer {
         client_options.read_buffer = size;
     }

@@ -712,7 +712,7 @@ fn run_crate(args: &Args, items: Vec<mix::Item>) -> io::Result<()> {
         .map_err(io::Error::other)?
         .ok_or_else(|| io::Error::other("the sentinel is blank"))?;
     let config = RedisConfig::tcp("127.0.0.1", args.port);
-    let mut options = config.session_options(args.channel.as_str());
+    let mut options = config.session_config(args.channel.as_str());
     options.client_name = Some("flood".to_owned());
     let registry = mix::registry();
     let me = InstanceName::master();

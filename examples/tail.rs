@@ -281,12 +281,12 @@ fn run_tcp(
     use std::io::Write;
 
     use synapse_replication::positions::Follower;
-    use synapse_replication::session::{ClientEvent, ClientSession, TcpConfig};
+    use synapse_replication::session::{ClientEvent, ClientSession, TcpSessionConfig};
     use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
     use synapse_replication::wire::InstanceName;
 
     let follower = Follower::new(InstanceName::from(args.name.as_str()), registry);
-    let mut config = TcpConfig::default();
+    let mut config = TcpSessionConfig::default();
     config.report_received = args.wire || !args.events;
     let session = ClientSession::with_config(args.server_name.as_str(), follower, config)
         .map_err(io::Error::other)?;
@@ -350,7 +350,7 @@ fn run_redis(
 
     let config = RedisConfig::from_url(url).map_err(io::Error::other)?;
     let me = InstanceName::from(args.name.as_str());
-    let mut options = config.session_options(args.server_name.as_str());
+    let mut options = config.session_config(args.server_name.as_str());
     options.report_received = args.wire || !args.events;
     options.client_name = Some(args.name.clone());
     let session = RedisSession::new(

@@ -130,7 +130,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let registry = Arc::new(registry.with_redis(true));
     let config = RedisConfig::from_url(&args.redis)?;
-    let mut options = config.session_options(args.server_name.as_str());
+    let mut options = config.session_config(args.server_name.as_str());
     options.client_name = Some(args.name.clone());
     let me = InstanceName::from(args.name.as_str());
     let session = RedisSession::new(

@@ -15,10 +15,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use synapse_replication::positions::{Follower, Writer};
-use synapse_replication::session::{ClientSession, RedisOptions, RedisSession, ServerSession};
+use synapse_replication::session::{
+    ClientSession, RedisSession, RedisSessionConfig, ServerSession,
+};
 use synapse_replication::transport::{
-    CommandSendError, CommandSender, RedisClient, RedisClientOptions, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientOptions, TcpServer, TcpServerEvent, TcpServerOptions,
+    CommandSendError, CommandSender, RedisClient, RedisClientConfig, RedisConfig, SmolRuntime,
+    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig, TcpServerEvent,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -39,9 +41,9 @@ fn closed_port() -> u16 {
 
 #[test]
 fn defaults() {
-    assert_eq!(TcpServerOptions::default().max_connections, 1024);
-    assert_eq!(TcpClientOptions::default().command_queue, 4096);
-    assert_eq!(RedisClientOptions::default().command_queue, 4096);
+    assert_eq!(TcpServerConfig::default().max_connections, 1024);
+    assert_eq!(TcpClientConfig::default().command_queue, 4096);
+    assert_eq!(RedisClientConfig::default().command_queue, 4096);
     assert_eq!(CommandSender::DEFAULT_CAPACITY, 4096);
 }
 
@@ -70,7 +72,7 @@ fn fill_and_overflow(sender: &CommandSender, capacity: usize) {
 
 #[test]
 fn a_full_tcp_command_sender_refuses_and_counts() {
-    let mut options = TcpClientOptions::default();
+    let mut options = TcpClientConfig::default();
     options.command_queue = 3;
     options.connect_timeout = Duration::from_millis(200);
     let follower = Follower::new(
@@ -111,13 +113,13 @@ fn a_full_tcp_command_sender_refuses_and_counts() {
 
 #[test]
 fn a_full_redis_command_sender_refuses_and_counts() {
-    let mut options = RedisClientOptions::default();
+    let mut options = RedisClientConfig::default();
     options.command_queue = 2;
     options.connect_timeout = Duration::from_millis(200);
     let registry = Arc::new(StreamWriters::default().with_redis(true));
     let me = InstanceName::from("worker1");
     let session = RedisSession::new(
-        RedisOptions::new("example.com"),
+        RedisSessionConfig::new("example.com"),
         Follower::new(me.clone(), registry.clone()),
         Writer::new(me, registry),
     );
@@ -184,7 +186,7 @@ fn a_tcp_server_at_its_limit_closes_the_next_connection() {
         .advance(&StreamName::Caches, Token(0))
         .expect("advances");
     let session = ServerSession::new("example.com", writer, Instant::now()).expect("a session");
-    let mut options = TcpServerOptions::default();
+    let mut options = TcpServerConfig::default();
     options.max_connections = 2;
     let mut server = smol::block_on(TcpServer::bind_with(
         SmolRuntime,

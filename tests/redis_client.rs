@@ -26,8 +26,8 @@ use common::redis_server::RedisServer;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientEvent,
-    RedisClientOptions, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
+    BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientConfig,
+    RedisClientEvent, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
     TokioRuntime, async_trait,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
@@ -51,8 +51,8 @@ fn on_both_runtimes(scenario: impl Fn(Rt) -> BoxFuture<'static, ()>) {
     tokio.block_on(scenario(runtime));
 }
 
-fn fast_options() -> RedisClientOptions {
-    let mut options = RedisClientOptions::default();
+fn fast_options() -> RedisClientConfig {
+    let mut options = RedisClientConfig::default();
     options.initial_backoff = Duration::from_millis(20);
     options.catch_up_backoff = Duration::from_millis(20);
     options
@@ -117,7 +117,7 @@ impl Node {
         runtime: Rt,
         config: RedisConfig,
         log: Option<Log>,
-        tune: impl FnOnce(&mut synapse_replication::session::RedisOptions),
+        tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
     ) -> Node {
         Node::with_client_options(name, runtime, config, log, tune, fast_options())
     }
@@ -127,12 +127,12 @@ impl Node {
         runtime: Rt,
         config: RedisConfig,
         log: Option<Log>,
-        tune: impl FnOnce(&mut synapse_replication::session::RedisOptions),
-        client_options: RedisClientOptions,
+        tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
+        client_options: RedisClientConfig,
     ) -> Node {
         let registry = Arc::new(StreamWriters::default().with_redis(true));
         let me = InstanceName::from(name);
-        let mut options = config.session_options(PREFIX);
+        let mut options = config.session_config(PREFIX);
         options.client_name = Some(name.to_owned());
         tune(&mut options);
         let session = RedisSession::new(
@@ -348,7 +348,7 @@ async fn pair_with(
     runtime: &Rt,
     server: &RedisServer,
     log: &Log,
-    options: RedisClientOptions,
+    options: RedisClientConfig,
 ) -> (Node, Node) {
     let config = RedisConfig::tcp("127.0.0.1", server.port());
     let mut master = Node::with_client_options(
@@ -648,7 +648,7 @@ fn paused_redis_is_noticed_and_reconnected() {
             let server = RedisServer::start();
             let log: Log = Log::default();
             let config = RedisConfig::tcp("127.0.0.1", server.port());
-            let tune = |options: &mut synapse_replication::session::RedisOptions| {
+            let tune = |options: &mut synapse_replication::session::RedisSessionConfig| {
                 options.ping_interval = Duration::from_millis(200);
                 options.ping_timeout = Duration::from_millis(600);
             };
@@ -1164,7 +1164,7 @@ async fn rows_flow(
     single: bool,
 ) {
     let log: Log = Log::default();
-    let tune = move |options: &mut synapse_replication::session::RedisOptions| {
+    let tune = move |options: &mut synapse_replication::session::RedisSessionConfig| {
         options.single_connection = single;
     };
     let mut master = Node::new("master", runtime.clone(), master_config, None, tune);

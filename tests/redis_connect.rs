@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures::io::{AsyncReadExt, AsyncWriteExt};
-use synapse_replication::resp::{Credentials, Decoder, Frame, encode_auth, encode_command};
+use synapse_replication::resp::{Credentials, Frame, RespDecoder, encode_auth, encode_command};
 use synapse_replication::transport::{
     BoxConnection, RedisConfig, RedisEndpoint, Runtime, SmolRuntime, SynapseRedisConfig, TlsConfig,
 };
@@ -44,7 +44,7 @@ async fn roundtrip(connection: &mut BoxConnection, args: &[&str]) -> io::Result<
 async fn send_and_read(connection: &mut BoxConnection, bytes: &[u8]) -> io::Result<Frame> {
     connection.write_all(bytes).await?;
     connection.flush().await?;
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut buf = BytesMut::new();
     loop {
         if let Some(frame) = decoder

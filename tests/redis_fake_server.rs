@@ -18,7 +18,7 @@ use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::RespError;
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    Disconnect, RedisClient, RedisClientEvent, RedisClientOptions, RedisConfig, SmolRuntime,
+    Disconnect, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig, SmolRuntime,
 };
 use synapse_replication::wire::InstanceName;
 use synapse_replication::writers::StreamWriters;
@@ -112,11 +112,11 @@ fn run(server: &FakeServer, mut done: impl FnMut(&Seen, &FakeServer) -> bool) ->
     let me = InstanceName::from("worker1");
     let config = RedisConfig::tcp("127.0.0.1", server.port);
     let session = RedisSession::new(
-        config.session_options(PREFIX),
+        config.session_config(PREFIX),
         Follower::new(me.clone(), registry.clone()),
         Writer::new(me, registry),
     );
-    let mut options = RedisClientOptions::default();
+    let mut options = RedisClientConfig::default();
     options.initial_backoff = Duration::from_millis(1);
     options.max_backoff = Duration::from_millis(5);
     let mut client = RedisClient::with_options(SmolRuntime, config, session, options);

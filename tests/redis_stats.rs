@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::encode_command;
-use synapse_replication::session::{RedisLink, RedisOptions, RedisSession};
+use synapse_replication::session::{RedisLink, RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{CommandKind, InstanceName, StreamName};
 use synapse_replication::writers::StreamWriters;
 
@@ -81,7 +81,7 @@ fn message(payload: &str) -> Vec<u8> {
 fn stats_and_metrics_follow_what_the_session_did() {
     let registry = Arc::new(StreamWriters::default().with_redis(true));
     let me = InstanceName::from("worker1");
-    let mut options = RedisOptions::new("example.com");
+    let mut options = RedisSessionConfig::new("example.com");
     options.client_name = None;
     let mut session = RedisSession::new(
         options,

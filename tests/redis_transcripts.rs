@@ -13,7 +13,7 @@ use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, RowSo
 use synapse_replication::resp::{self, Frame, Limits, RespError};
 use synapse_replication::session::RedisLink::{Publisher, Subscriber};
 use synapse_replication::session::{
-    RedisAuth, RedisError, RedisEvent, RedisLink, RedisOptions, RedisSession, SendError,
+    RedisAuth, RedisError, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
 };
 use synapse_replication::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -119,7 +119,7 @@ fn publish(line: &str) -> Args {
 /// strings, as every Redis client sends them.
 fn decode_commands(bytes: &[u8]) -> Vec<Args> {
     let mut buf = BytesMut::from(bytes);
-    let mut decoder = resp::Decoder::new();
+    let mut decoder = resp::RespDecoder::new();
     let mut commands = Vec::new();
     while let Some(frame) = decoder
         .decode(&mut buf)
@@ -190,8 +190,8 @@ fn index(link: RedisLink) -> usize {
 
 /// The options most tests use: an ACL user, a database, a client name, and
 /// the `USER_IP` channel, as Synapse's main process has them.
-fn options() -> RedisOptions {
-    let mut options = RedisOptions::new(PREFIX);
+fn options() -> RedisSessionConfig {
+    let mut options = RedisSessionConfig::new(PREFIX);
     options.extra_channels = vec!["USER_IP".to_owned()];
     options.auth = Some(RedisAuth {
         username: Some("synapse".to_owned()),
@@ -202,8 +202,8 @@ fn options() -> RedisOptions {
     options
 }
 
-fn plain_options() -> RedisOptions {
-    let mut options = RedisOptions::new(PREFIX);
+fn plain_options() -> RedisSessionConfig {
+    let mut options = RedisSessionConfig::new(PREFIX);
     options.client_name = None;
     options
 }
@@ -214,7 +214,7 @@ fn registry() -> Arc<StreamWriters> {
 
 /// `worker1`: follows what `master` writes, writes `caches` (every process
 /// does with Redis), whose token is 7.
-fn session(options: RedisOptions) -> RedisSession {
+fn session(options: RedisSessionConfig) -> RedisSession {
     let follower = Follower::new(InstanceName::from("worker1"), registry());
     let mut writer = Writer::new(InstanceName::from("worker1"), registry());
     writer.advance(&StreamName::Caches, Token(7)).unwrap();
@@ -236,7 +236,7 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(options: RedisOptions) -> Rig {
+    fn new(options: RedisSessionConfig) -> Rig {
         Rig::with_session(session(options))
     }
 
@@ -256,7 +256,7 @@ impl Rig {
     /// A rig whose session is ready with both links (or one, in
     /// single-connection mode), its first publishes answered, and nothing
     /// left to look at.
-    fn ready(options: RedisOptions) -> Rig {
+    fn ready(options: RedisSessionConfig) -> Rig {
         let mut rig = Rig::new(options);
         rig.connect_all();
         rig.answer_all();
@@ -746,7 +746,7 @@ fn noauth_on_ping_is_an_auth_error() {
 // RESP3: one connection
 // ---------------------------------------------------------------------
 
-fn resp3_options() -> RedisOptions {
+fn resp3_options() -> RedisSessionConfig {
     let mut options = options();
     options.single_connection = true;
     options

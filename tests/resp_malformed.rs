@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use bytes::BytesMut;
-use synapse_replication::resp::{Decoder, Frame, Incoming, Limits, RespError};
+use synapse_replication::resp::{Frame, Incoming, Limits, RespDecoder, RespError};
 
 /// Records the largest allocation made by the current thread while
 /// `TRACKING` is set.
@@ -307,7 +307,7 @@ fn check(name: &str, input: &[u8], expect: &Expect) {
 /// [`check`] with other limits.
 fn check_with(limits: Limits, name: &str, input: &[u8], expect: &Expect) {
     for step in [input.len().max(1), 1, 7] {
-        let mut decoder = Decoder::with_limits(limits);
+        let mut decoder = RespDecoder::with_limits(limits);
         let mut buf = BytesMut::new();
         let mut outcome = Ok(None);
         for chunk in input.chunks(step) {
@@ -347,7 +347,7 @@ fn malformed_inputs_give_typed_errors() {
 fn the_pubsub_path_agrees_on_malformed_inputs() {
     for (name, input, expect) in cases() {
         let mut buf = BytesMut::from(&input[..]);
-        let outcome = Decoder::new().decode_pubsub(&mut buf);
+        let outcome = RespDecoder::new().decode_pubsub(&mut buf);
         match (&expect, &outcome) {
             (NeedMore, Ok(None)) => {}
             (Fails(expected), Err(error)) if kind(expected) == kind(error) => {}
@@ -366,7 +366,7 @@ fn no_allocation_proportional_to_a_declared_length() {
         }
         let mut buf = BytesMut::with_capacity(input.len());
         buf.extend_from_slice(&input);
-        let (outcome, largest) = largest_allocation(|| Decoder::new().decode(&mut buf));
+        let (outcome, largest) = largest_allocation(|| RespDecoder::new().decode(&mut buf));
         assert!(
             largest <= 1024,
             "{name}: allocated {largest} bytes ({outcome:?}, {expect:?})"
@@ -379,7 +379,7 @@ fn no_allocation_proportional_to_a_declared_length() {
         "%1048576\r\n".to_owned(),
         "*1\r\n~1048576\r\n>1048576\r\n".to_owned(),
     ] {
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(header.as_bytes());
         let (outcome, largest) = largest_allocation(|| decoder.decode(&mut buf));
         assert_eq!(outcome, Ok(None), "{header:?}");
@@ -396,7 +396,7 @@ fn a_large_decoded_array_allocates_for_what_arrived() {
     let mut input = format!("*{count}\r\n").into_bytes();
     input.extend(b"_\r\n".repeat(count));
     let mut buf = BytesMut::from(&input[..]);
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let (outcome, largest) = largest_allocation(|| decoder.decode(&mut buf));
     let Ok(Some(Frame::Array(items))) = outcome else {
         panic!("an array")
@@ -444,13 +444,13 @@ fn truncated_frames_wait_at_every_offset() {
     for sample in samples() {
         // The whole sample decodes, and takes all of it.
         let mut buf = BytesMut::from(sample);
-        assert!(Decoder::new().decode(&mut buf).unwrap().is_some());
+        assert!(RespDecoder::new().decode(&mut buf).unwrap().is_some());
         assert!(buf.is_empty());
         for cut in 0..sample.len() {
             let prefix = &sample[..cut];
             for pubsub in [false, true] {
                 let mut buf = BytesMut::from(prefix);
-                let mut decoder = Decoder::new();
+                let mut decoder = RespDecoder::new();
                 let outcome = if pubsub {
                     decoder.decode_pubsub(&mut buf).map(|item| item.map(|_| ()))
                 } else {
@@ -470,7 +470,7 @@ fn truncated_frames_wait_at_every_offset() {
 
 #[test]
 fn garbage_after_a_frame_fails_on_the_next_call() {
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut buf = BytesMut::from(&b"+OK\r\n?garbage"[..]);
     assert_eq!(
         decoder.decode(&mut buf),
@@ -485,7 +485,7 @@ fn garbage_after_a_frame_fails_on_the_next_call() {
 
 #[test]
 fn an_error_after_waiting() {
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut buf = BytesMut::from(&b"*2\r\n$3\r\nab"[..]);
     assert_eq!(decoder.decode(&mut buf), Ok(None));
     buf.extend_from_slice(b"cXY");
@@ -498,7 +498,7 @@ fn an_error_after_waiting() {
 #[test]
 fn error_messages_quote_a_truncated_snippet() {
     let long = [b"?".as_slice(), &[b'x'; 500]].concat();
-    let error = Decoder::new()
+    let error = RespDecoder::new()
         .decode(&mut BytesMut::from(&long[..]))
         .unwrap_err();
     let text = error.to_string();
@@ -507,11 +507,11 @@ fn error_messages_quote_a_truncated_snippet() {
         "{text}"
     );
     assert!(text.len() < 100, "{text}");
-    let error = Decoder::new()
+    let error = RespDecoder::new()
         .decode(&mut BytesMut::from(&b"$-7\r\n"[..]))
         .unwrap_err();
     assert_eq!(error.to_string(), "invalid length: \"$-7\\r\\n\"");
-    let error = Decoder::new()
+    let error = RespDecoder::new()
         .decode(&mut BytesMut::from(&b"$99999999999\r\n"[..]))
         .unwrap_err();
     assert_eq!(
@@ -553,7 +553,7 @@ fn frame_cap_bounds_what_is_buffered() {
     }
     let at_cap = [b"+".as_slice(), &[b'a'; 61], b"\r\n"].concat();
     assert!(
-        Decoder::with_limits(limits)
+        RespDecoder::with_limits(limits)
             .decode(&mut BytesMut::from(&at_cap[..]))
             .unwrap()
             .is_some()
@@ -591,7 +591,7 @@ fn drain(
     Vec<Incoming>,
     Result<usize, std::mem::Discriminant<RespError>>,
 ) {
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     for chunk in input.chunks(step) {

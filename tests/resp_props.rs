@@ -10,8 +10,8 @@ use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use synapse_replication::resp::{
-    Channels, Decoder, Frame, Incoming, Limits, Message, RespError, command_len, encode_command,
-    encode_publish, publish_len,
+    Channels, Frame, Incoming, Limits, Message, RespDecoder, RespError, command_len,
+    encode_command, encode_publish, publish_len,
 };
 
 fn bytes(max: usize) -> impl Strategy<Value = Bytes> {
@@ -159,7 +159,7 @@ fn subscribed_message() -> impl Strategy<Value = Frame> {
 /// channels by `decode_message_on`, everything else by `decode_pubsub`.
 fn decode_subscribed(
     channels: &Channels,
-) -> impl FnMut(&mut Decoder, &mut BytesMut) -> Result<Option<Incoming>, RespError> + '_ {
+) -> impl FnMut(&mut RespDecoder, &mut BytesMut) -> Result<Option<Incoming>, RespError> + '_ {
     move |decoder, buf| {
         if let Some((index, payload)) = decoder.decode_message_on(buf, channels) {
             return Ok(Some(Incoming::Message(Message {
@@ -212,14 +212,14 @@ fn decode_reads<T>(
     input: &[u8],
     sizes: &[usize],
     limits: Limits,
-    mut decode: impl FnMut(&mut Decoder, &mut BytesMut) -> Result<Option<T>, RespError>,
+    mut decode: impl FnMut(&mut RespDecoder, &mut BytesMut) -> Result<Option<T>, RespError>,
 ) -> (Vec<T>, End) {
     let mut reader = ShortReads {
         data: input,
         sizes,
         reads: 0,
     };
-    let mut decoder = Decoder::with_limits(limits);
+    let mut decoder = RespDecoder::with_limits(limits);
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     let mut scratch = [0u8; 256];
@@ -247,7 +247,7 @@ fn decode_reads<T>(
 }
 
 fn decode_frames(input: &[u8], sizes: &[usize], limits: Limits) -> (Vec<Frame>, End) {
-    decode_reads(input, sizes, limits, Decoder::decode)
+    decode_reads(input, sizes, limits, RespDecoder::decode)
 }
 
 /// The whole input at once.
@@ -259,7 +259,7 @@ fn decode_whole(input: &[u8], limits: Limits) -> (Vec<Frame>, End) {
 /// consumed count.
 fn decode_with_offsets(input: &[u8]) -> (Vec<Frame>, End) {
     let mut rest = Bytes::copy_from_slice(input);
-    let mut decoder = Decoder::new();
+    let mut decoder = RespDecoder::new();
     let mut out = Vec::new();
     loop {
         match decoder.decode_bytes(&rest) {
@@ -383,7 +383,7 @@ proptest! {
         let expected: Vec<Incoming> =
             messages.into_iter().map(|(message, _)| Incoming::Message(message)).collect();
         for sizes in [&sizes[..], &[1], &[input.len()]] {
-            let (got, end) = decode_reads(&input, sizes, Limits::new(), Decoder::decode_pubsub);
+            let (got, end) = decode_reads(&input, sizes, Limits::new(), RespDecoder::decode_pubsub);
             prop_assert_eq!(&got, &expected);
             prop_assert_eq!(end, End::Pending(0));
         }
@@ -395,7 +395,7 @@ proptest! {
         sizes in vec(1usize..40, 1..8),
     ) {
         let input = encode_all(&frames);
-        let (got, end) = decode_reads(&input, &sizes, Limits::new(), Decoder::decode_pubsub);
+        let (got, end) = decode_reads(&input, &sizes, Limits::new(), RespDecoder::decode_pubsub);
         let expected: Vec<Incoming> = frames.into_iter().map(Incoming::from_frame).collect();
         prop_assert_eq!(got, expected);
         prop_assert_eq!(end, End::Pending(0));
@@ -417,7 +417,7 @@ proptest! {
             (frames.into_iter().map(Incoming::from_frame).collect::<Vec<_>>(), end)
         };
         for sizes in [&sizes[..], &[1], &[input.len()]] {
-            let fast = decode_reads(&input, sizes, Limits::new(), Decoder::decode_pubsub);
+            let fast = decode_reads(&input, sizes, Limits::new(), RespDecoder::decode_pubsub);
             prop_assert_eq!(fast, general(sizes));
         }
     }
@@ -475,7 +475,7 @@ proptest! {
     ) {
         let input = encode_all(&frames);
         let expected: Vec<Incoming> = frames.into_iter().map(Incoming::from_frame).collect();
-        let (got, end) = decode_reads(&input, &sizes, Limits::new(), Decoder::decode_pubsub);
+        let (got, end) = decode_reads(&input, &sizes, Limits::new(), RespDecoder::decode_pubsub);
         prop_assert_eq!(got, expected);
         prop_assert_eq!(end, End::Pending(0));
     }
@@ -534,7 +534,7 @@ proptest! {
         encode_command(&mut buf, &args);
         prop_assert_eq!(buf.len(), command_len(&args));
         let expected = Frame::Array(args.iter().map(|arg| Frame::bulk(arg.to_vec())).collect());
-        prop_assert_eq!(Decoder::new().decode(&mut buf), Ok(Some(expected)));
+        prop_assert_eq!(RespDecoder::new().decode(&mut buf), Ok(Some(expected)));
     }
 
     #[test]

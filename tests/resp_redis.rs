@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use synapse_replication::resp::{
-    Credentials, Decoder, Frame, Hello, Incoming, Message, Protocol, SubscriptionKind, encode_auth,
-    encode_client_setname, encode_command, encode_hello, encode_ping, encode_publish, encode_quit,
-    encode_select, encode_subscribe, encode_unsubscribe,
+    Credentials, Frame, Hello, Incoming, Message, Protocol, RespDecoder, SubscriptionKind,
+    encode_auth, encode_client_setname, encode_command, encode_hello, encode_ping, encode_publish,
+    encode_quit, encode_select, encode_subscribe, encode_unsubscribe,
 };
 
 /// A redis-server of our own, killed when dropped.
@@ -80,7 +80,7 @@ impl Server {
             stream,
             read_size,
             buf: BytesMut::new(),
-            decoder: Decoder::new(),
+            decoder: RespDecoder::new(),
             received: Vec::new(),
         }
     }
@@ -97,7 +97,7 @@ struct Conn {
     stream: TcpStream,
     read_size: usize,
     buf: BytesMut,
-    decoder: Decoder,
+    decoder: RespDecoder,
     /// Everything read, to compare re-encoded frames with.
     received: Vec<u8>,
 }

@@ -26,7 +26,7 @@ use common::redis_server::RedisServer;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
-    ClientSession, RedisAuth, RedisEvent, RedisLink, RedisOptions, RedisSession, ServerEvent,
+    ClientSession, RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, ServerEvent,
     ServerSession,
 };
 use synapse_replication::transport::{
@@ -88,7 +88,7 @@ fn registry() -> Arc<StreamWriters> {
     Arc::new(StreamWriters::default().with_redis(true))
 }
 
-fn redis_session(options: RedisOptions) -> RedisSession {
+fn redis_session(options: RedisSessionConfig) -> RedisSession {
     let me = InstanceName::from("worker1");
     let mut writer = Writer::new(me.clone(), registry());
     writer
@@ -165,9 +165,9 @@ fn configs_and_credentials_hide_the_password() {
     let from_section = RedisConfig::from_synapse(&section).expect("a valid section");
     assert_hidden("RedisConfig from Synapse's section", &from_section);
 
-    let options = config.session_options(PREFIX);
+    let options = config.session_config(PREFIX);
     assert_eq!(options.auth, Some(auth(Some("synapse"))));
-    assert_hidden("RedisOptions", &options);
+    assert_hidden("RedisSessionConfig", &options);
 
     // Errors quote the bad part of a URL, never the password beside it.
     for bad in [
@@ -213,7 +213,7 @@ fn redis_session_hides_a_pending_auth() {
         (false, Some("synapse")),
         (true, Some("synapse")),
     ] {
-        let mut options = RedisOptions::new(PREFIX);
+        let mut options = RedisSessionConfig::new(PREFIX);
         options.auth = Some(auth(username));
         options.single_connection = single;
         let mut session = redis_session(options);
@@ -233,7 +233,7 @@ fn redis_session_hides_a_pending_auth() {
 
 /// A ready session (two links, `USER_IP` subscribed, password set).
 fn ready_session(now: Instant) -> RedisSession {
-    let mut options = RedisOptions::new(PREFIX);
+    let mut options = RedisSessionConfig::new(PREFIX);
     options.auth = Some(auth(None));
     options.extra_channels = vec!["USER_IP".to_owned()];
     options.client_name = None;
@@ -387,7 +387,7 @@ fn run_until(what: &str, mut poll: impl FnMut(&mut std::task::Context<'_>) -> Po
 
 fn redis_client(server: &RedisServer, name: &str, user_ip: bool) -> RedisClient<SmolRuntime> {
     let config = RedisConfig::tcp("127.0.0.1", server.port()).with_auth(auth(None));
-    let mut options = config.session_options(PREFIX);
+    let mut options = config.session_config(PREFIX);
     options.client_name = Some(name.to_owned());
     if user_ip {
         options.extra_channels = vec!["USER_IP".to_owned()];

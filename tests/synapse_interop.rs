@@ -493,7 +493,7 @@ fn session(rig: &SynapseRig, name: &str, registry: &Arc<StreamWriters>) -> Redis
 }
 
 fn session_from(rig: &SynapseRig, follower: Follower, writer: Writer) -> RedisSession {
-    let mut options = redis_config(rig).session_options(&rig.server_name);
+    let mut options = redis_config(rig).session_config(&rig.server_name);
     options.report_received = true;
     RedisSession::new(options, follower, writer)
 }

@@ -541,7 +541,7 @@ fn multi_writer_deployment_through_faults() {
             .with_redis(true),
     );
     let redis = RedisConfig::tcp("127.0.0.1", deployment.redis_port);
-    let mut options = redis.session_options(&deployment.server_name);
+    let mut options = redis.session_config(&deployment.server_name);
     options.report_received = true;
     options.client_name = Some(FOLLOWER.to_owned());
     options.ping_interval = PING_INTERVAL;

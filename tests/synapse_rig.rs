@@ -17,7 +17,7 @@ use bytes::BytesMut;
 use common::synapse::SynapseRig;
 use serde_json::{Value, json};
 use synapse_replication::resp::{
-    Decoder, Frame, Incoming, SubscriptionKind, encode_publish, encode_subscribe,
+    Frame, Incoming, RespDecoder, SubscriptionKind, encode_publish, encode_subscribe,
 };
 use synapse_replication::wire::{Command, RdataToken, StreamName};
 
@@ -93,7 +93,7 @@ fn client_api_smoke() {
 struct Conn {
     stream: TcpStream,
     buf: BytesMut,
-    decoder: Decoder,
+    decoder: RespDecoder,
 }
 
 impl Conn {
@@ -105,7 +105,7 @@ impl Conn {
         Conn {
             stream,
             buf: BytesMut::new(),
-            decoder: Decoder::new(),
+            decoder: RespDecoder::new(),
         }
     }
 

@@ -13,13 +13,13 @@ use common::pair::{SERVER_NAME, client, row, server};
 use proptest::prelude::*;
 use synapse_replication::positions::{CatchUpPage, FollowerEvent};
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpConfig,
+    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, FederationAck, InstanceName, StreamName, Token};
 
 /// Small limits, so that every path is reached.
-fn config() -> TcpConfig {
-    let mut config = TcpConfig::default();
+fn config() -> TcpSessionConfig {
+    let mut config = TcpSessionConfig::default();
     config.max_line_len = 200;
     config.max_queued_commands = 20;
     config.max_transmit_len = 64;
@@ -28,7 +28,7 @@ fn config() -> TcpConfig {
 
 /// For the split properties: a queue that does not overflow (whether it
 /// does depends on when the output is drained, not on the input's framing).
-fn split_config() -> TcpConfig {
+fn split_config() -> TcpSessionConfig {
     let mut config = config();
     config.max_queued_commands = 100_000;
     config

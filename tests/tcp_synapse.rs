@@ -26,7 +26,7 @@ use futures::StreamExt;
 use futures::channel::mpsc;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
-    ClientEvent, ClientSession, ServerEvent, ServerSession, TcpConfig, TcpError,
+    ClientEvent, ClientSession, ServerEvent, ServerSession, TcpError, TcpSessionConfig,
 };
 use synapse_replication::transport::{
     Runtime, SmolRuntime, TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
@@ -128,7 +128,7 @@ fn synapse_client_against_our_server() {
     smol::block_on(async {
         let mut writer = Writer::new(InstanceName::master(), registry());
         writer.advance(&StreamName::Caches, Token(2)).unwrap();
-        let mut config = TcpConfig::default();
+        let mut config = TcpSessionConfig::default();
         config.report_received = true;
         let session =
             ServerSession::with_config(SERVER_NAME, writer, config, Instant::now()).unwrap();
@@ -400,7 +400,7 @@ fn our_pings_reach_synapse() {
             }
         };
         let follower = Follower::new(InstanceName::from("worker1"), registry());
-        let mut config = TcpConfig::default();
+        let mut config = TcpSessionConfig::default();
         config.report_received = true;
         let session = ClientSession::with_config(SERVER_NAME, follower, config).unwrap();
         let mut client = TcpClient::new(SmolRuntime, format!("127.0.0.1:{port}"), session);

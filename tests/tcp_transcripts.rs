@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::pair::{Log, Pair, SERVER_NAME, client, client_summary, row, server, server_summary};
 use synapse_replication::positions::{CatchUpRequest, FollowerEvent, RowSource};
 use synapse_replication::session::{
-    ClientEvent, ConnectionState, SendError, ServerEvent, TcpConfig, TcpError,
+    ClientEvent, ConnectionState, SendError, ServerEvent, TcpError, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, FederationAck, InstanceName, RawRow, StreamName, Token};
 
@@ -108,11 +108,11 @@ fn handshake() {
 #[test]
 fn a_client_without_name_and_wall_clock_pings() {
     let now = Instant::now();
-    let mut client = client(SERVER_NAME, TcpConfig::default());
+    let mut client = client(SERVER_NAME, TcpSessionConfig::default());
     client.set_client_name(None).unwrap();
     let wall = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000);
     client.set_wall_clock(now, wall);
-    let server = server(&[StreamName::Typing], TcpConfig::default(), now);
+    let server = server(&[StreamName::Typing], TcpSessionConfig::default(), now);
     let mut pair = Pair::from_sessions(server, client, now);
     pair.connect();
     assert_eq!(pair.server_lines(), ["PING 1700000000000", "REPLICATE "]);
@@ -125,7 +125,7 @@ fn a_client_without_name_and_wall_clock_pings() {
 
 #[test]
 fn wrong_server_name() {
-    let mut pair = Pair::with(TcpConfig::default(), "other.example");
+    let mut pair = Pair::with(TcpSessionConfig::default(), "other.example");
     pair.connect();
     assert_eq!(
         pair.server_lines(),
@@ -511,7 +511,7 @@ fn a_client_whose_server_does_not_read_fails_it_too() {
 
 #[test]
 fn a_fatal_error_whose_error_line_cannot_be_written_is_aborted() {
-    let mut config = TcpConfig::default();
+    let mut config = TcpSessionConfig::default();
     config.close_timeout = secs(3);
     let mut pair = Pair::with(config, SERVER_NAME);
     pair.connect();
@@ -694,11 +694,11 @@ fn a_row_that_does_not_decode_closes_and_is_fetched_after_reconnecting() {
 #[test]
 fn remote_server_up_is_relayed_to_the_other_clients() {
     let now = Instant::now();
-    let mut server = server(&[StreamName::Caches], TcpConfig::default(), now);
+    let mut server = server(&[StreamName::Caches], TcpSessionConfig::default(), now);
     let mut clients: Vec<_> = (0..3)
         .map(|_| {
             let id = server.accept(now);
-            let mut client = client(SERVER_NAME, TcpConfig::default());
+            let mut client = client(SERVER_NAME, TcpSessionConfig::default());
             client.connect(now);
             (id, client)
         })

@@ -12,7 +12,9 @@
 //! - `decode_bytes` agrees with `decode`.
 
 use bytes::{Bytes, BytesMut};
-use synapse_replication::resp::{Channels, Decoder, Frame, Incoming, Limits, Message, RespError};
+use synapse_replication::resp::{
+    Channels, Frame, Incoming, Limits, Message, RespDecoder, RespError,
+};
 
 #[derive(Clone, Debug, PartialEq)]
 enum End {
@@ -23,9 +25,9 @@ enum End {
 fn run<T>(
     reads: &[&[u8]],
     limits: Limits,
-    mut decode: impl FnMut(&mut Decoder, &mut BytesMut) -> Result<Option<T>, RespError>,
+    mut decode: impl FnMut(&mut RespDecoder, &mut BytesMut) -> Result<Option<T>, RespError>,
 ) -> (Vec<T>, End) {
-    let mut decoder = Decoder::with_limits(limits);
+    let mut decoder = RespDecoder::with_limits(limits);
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
     for read in reads {
@@ -50,7 +52,7 @@ fn run<T>(
 
 fn with_offsets(input: &[u8], limits: Limits) -> (Vec<Frame>, End) {
     let mut rest = Bytes::copy_from_slice(input);
-    let mut decoder = Decoder::with_limits(limits);
+    let mut decoder = RespDecoder::with_limits(limits);
     let mut out = Vec::new();
     loop {
         match decoder.decode_bytes(&rest) {
@@ -83,11 +85,11 @@ pub fn check(data: &[u8]) {
     let split = usize::from(u16::from_le_bytes([*a, *b])) % (input.len() + 1);
     let (first, second) = input.split_at(split);
 
-    let whole = run(&[input], limits, Decoder::decode);
-    let halves = run(&[first, second], limits, Decoder::decode);
+    let whole = run(&[input], limits, RespDecoder::decode);
+    let halves = run(&[first, second], limits, RespDecoder::decode);
     assert_eq!(whole, halves, "split at {split}");
 
-    let pubsub = run(&[first, second], limits, Decoder::decode_pubsub);
+    let pubsub = run(&[first, second], limits, RespDecoder::decode_pubsub);
     let classified: Vec<Incoming> = whole.0.iter().cloned().map(Incoming::from_frame).collect();
     assert_eq!(pubsub, (classified, whole.1.clone()));
 
@@ -119,7 +121,7 @@ pub fn check(data: &[u8]) {
         let mut buf = BytesMut::from(&bytes[..]);
         // The frame was within `limits`, and so is its encoding (which may
         // be shorter: `:+1` encodes as `:1`).
-        let again = Decoder::with_limits(limits)
+        let again = RespDecoder::with_limits(limits)
             .decode(&mut buf)
             .expect("an encoded frame decodes")
             .expect("an encoded frame is complete");

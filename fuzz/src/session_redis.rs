@@ -32,7 +32,7 @@ use synapse_replication::positions::{
 };
 use synapse_replication::resp::{self, Frame, Incoming, Limits};
 use synapse_replication::session::{
-    RedisAuth, RedisEvent, RedisLink, RedisOptions, RedisSession, SendError,
+    RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
 };
 use synapse_replication::wire::{
     self, Command, CommandKind, InstanceName, RawRow, StreamName, Token,
@@ -171,7 +171,7 @@ struct LinkModel {
     /// Channels the model confirmed on this connection.
     subscribed: Vec<String>,
     /// Decodes what is fed, as the session does, to count replies.
-    mirror: resp::Decoder,
+    mirror: resp::RespDecoder,
     mirror_buf: BytesMut,
     mirror_broken: bool,
     replies_fed: usize,
@@ -190,7 +190,7 @@ impl LinkModel {
             connects,
             closings,
             blocked,
-            mirror: resp::Decoder::with_limits(LIMITS),
+            mirror: resp::RespDecoder::with_limits(LIMITS),
             // A new connection's output is all produced from now on.
             fresh: true,
             ..LinkModel::default()
@@ -365,7 +365,7 @@ impl Harness {
         assert!(!bytes.is_empty(), "an empty transmit");
         let two_links = self.two_links();
         let mut buf = BytesMut::from(&bytes[..]);
-        let mut decoder = resp::Decoder::new();
+        let mut decoder = resp::RespDecoder::new();
         while let Some(frame) = decoder.decode(&mut buf).expect("the session sends RESP") {
             let Frame::Array(items) = frame else {
                 panic!("a command is an array: {frame:?}");
@@ -790,7 +790,7 @@ pub fn check(data: &[u8]) {
     let Some(flags) = input.byte() else { return };
     let Some(more) = input.byte() else { return };
 
-    let mut options = RedisOptions::new(PREFIX);
+    let mut options = RedisSessionConfig::new(PREFIX);
     let auth = flags % 3;
     options.auth = match auth {
         0 => None,

@@ -19,7 +19,7 @@ use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpConfig,
+    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -46,8 +46,8 @@ const LINES: [&[u8]; 16] = [
     b"POSITION caches other 1 2",
 ];
 
-fn config() -> TcpConfig {
-    let mut config = TcpConfig::default();
+fn config() -> TcpSessionConfig {
+    let mut config = TcpSessionConfig::default();
     config.max_line_len = MAX_LINE;
     config.max_queued_commands = 12;
     config.max_queued_bytes = 1024;

@@ -1,6 +1,6 @@
 //! Bytes to frames: an incremental decoder that never recurses.
 //!
-//! Decoding runs in two passes over one frame. The first, [`Decoder::scan`],
+//! Decoding runs in two passes over one frame. The first, [`RespDecoder::scan`],
 //! walks the headers, skips bulk payloads by their declared length, checks
 //! every cap before waiting for (or allocating for) what a header declares,
 //! and records each value as a small token of offsets, keeping an explicit
@@ -8,7 +8,7 @@
 //! but its reusable token list, and saves its progress, so a frame that
 //! arrives in many small reads is scanned once, not once per read. Only
 //! when the frame is complete is it split off the buffer and frozen, and
-//! the second pass, [`Decoder::build`], turns the tokens into a [`Frame`]
+//! the second pass, [`RespDecoder::build`], turns the tokens into a [`Frame`]
 //! whose strings are views of the frozen bytes.
 
 use bytes::{Bytes, BytesMut};
@@ -23,10 +23,10 @@ use super::value;
 /// or nest without bound.
 ///
 /// ```
-/// use synapse_replication::resp::{Decoder, Limits};
+/// use synapse_replication::resp::{RespDecoder, Limits};
 ///
 /// let limits = Limits::new().with_max_bulk_len(1 << 20).with_max_depth(8);
-/// let decoder = Decoder::with_limits(limits);
+/// let decoder = RespDecoder::with_limits(limits);
 /// assert_eq!(decoder.limits().max_depth, 8);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,13 +145,13 @@ impl Limits {
 ///
 /// Between calls the buffer may only grow at the back: the decoder
 /// remembers how far it got into an incomplete frame. Use one decoder per
-/// connection and [`Decoder::reset`] it when the buffer is discarded (on a
+/// connection and [`RespDecoder::reset`] it when the buffer is discarded (on a
 /// reconnect). RESP2 and RESP3 types are accepted at any time.
 ///
-/// [`Decoder::decode_pubsub`] is the subscriber's hot path, and
-/// [`Decoder::decode_bytes`] the same contract on an immutable [`Bytes`].
+/// [`RespDecoder::decode_pubsub`] is the subscriber's hot path, and
+/// [`RespDecoder::decode_bytes`] the same contract on an immutable [`Bytes`].
 #[derive(Clone, Debug, Default)]
-pub struct Decoder {
+pub struct RespDecoder {
     limits: Limits,
     /// Where the next header of the pending frame starts.
     pos: usize,
@@ -236,17 +236,17 @@ enum Progress {
 const TOKENS_KEPT: usize = 4096;
 
 /// The channels a subscriber listens on, for
-/// [`Decoder::decode_message_on`]: each with the bytes that every `message`
+/// [`RespDecoder::decode_message_on`]: each with the bytes that every `message`
 /// on it starts with (after the type byte), so that one comparison finds
 /// both that a frame is a message and which channel it is on.
 ///
 /// ```
 /// use bytes::{Bytes, BytesMut};
-/// use synapse_replication::resp::{Channels, Decoder};
+/// use synapse_replication::resp::{Channels, RespDecoder};
 ///
 /// let channels = Channels::new([Bytes::from_static(b"example.com")]);
 /// let mut buf = BytesMut::from(&b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n$4\r\nPING\r\n"[..]);
-/// let (index, payload) = Decoder::new().decode_message_on(&mut buf, &channels).unwrap();
+/// let (index, payload) = RespDecoder::new().decode_message_on(&mut buf, &channels).unwrap();
 /// assert_eq!((index, &payload[..]), (0, &b"PING"[..]));
 /// assert!(buf.is_empty());
 /// ```
@@ -294,7 +294,7 @@ struct FastMessage {
     end: usize,
 }
 
-impl Decoder {
+impl RespDecoder {
     /// A decoder with the default [`Limits`].
     pub const fn new() -> Self {
         Self::with_limits(Limits::new())
@@ -302,7 +302,7 @@ impl Decoder {
 
     /// A decoder with the given limits.
     pub const fn with_limits(limits: Limits) -> Self {
-        Decoder {
+        RespDecoder {
             limits,
             pos: 0,
             need: 0,
@@ -338,7 +338,7 @@ impl Decoder {
     }
 
     /// Decodes the first frame in `buf`, removing it from the front. See
-    /// the [decode contract](Decoder#the-decode-contract).
+    /// the [decode contract](RespDecoder#the-decode-contract).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, RespError> {
         match self.scan(buf)? {
             Progress::Incomplete => Ok(None),
@@ -355,7 +355,7 @@ impl Decoder {
     /// bytes it took; the caller advances past them (e.g. with
     /// [`Bytes::slice`]) before the next call. The frame's strings are
     /// views of `input`. Otherwise the same contract as
-    /// [`Decoder::decode`].
+    /// [`RespDecoder::decode`].
     pub fn decode_bytes(&mut self, input: &Bytes) -> Result<Option<(Frame, usize)>, RespError> {
         match self.scan(input)? {
             Progress::Incomplete => Ok(None),
@@ -368,7 +368,7 @@ impl Decoder {
     }
 
     /// Decodes the first frame in `buf` as a pub/sub subscriber sees it:
-    /// the same contract as [`Decoder::decode`], and the same result as
+    /// the same contract as [`RespDecoder::decode`], and the same result as
     /// [`Incoming::from_frame`] on what `decode` returns.
     ///
     /// A complete `message` or `pmessage` (RESP2 array or RESP3 push) at the
@@ -407,7 +407,7 @@ impl Decoder {
     /// channel's index and payload returned. The payload is split off the
     /// buffer directly (one reference count increment, no [`Frame`], no
     /// channel `Bytes`). `None` (nothing consumed) for anything else,
-    /// which [`Decoder::decode_pubsub`] then decodes.
+    /// which [`RespDecoder::decode_pubsub`] then decodes.
     pub fn decode_message_on(
         &mut self,
         buf: &mut BytesMut,
@@ -740,7 +740,7 @@ impl Decoder {
     /// Pass two: turns the pending frame's tokens into a [`Frame`] whose
     /// strings are views of `base`, with an explicit stack, no recursion.
     fn build(&mut self, base: &Bytes) -> Result<Frame, RespError> {
-        let Decoder {
+        let RespDecoder {
             tokens, building, ..
         } = self;
         building.clear();
@@ -1013,7 +1013,7 @@ mod tests {
     use super::*;
 
     fn decode_all(input: &[u8]) -> Result<Vec<Frame>, RespError> {
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(input);
         let mut frames = Vec::new();
         while let Some(frame) = decoder.decode(&mut buf)? {
@@ -1054,8 +1054,8 @@ mod tests {
                 &b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$0000000002\r\nhi\r\n"[..],
             ),
         ] {
-            let general = Decoder::with_limits(limits).decode(&mut BytesMut::from(input));
-            let fast = Decoder::with_limits(limits).decode_pubsub(&mut BytesMut::from(input));
+            let general = RespDecoder::with_limits(limits).decode(&mut BytesMut::from(input));
+            let fast = RespDecoder::with_limits(limits).decode_pubsub(&mut BytesMut::from(input));
             match (general, fast) {
                 (Ok(general), Ok(fast)) => assert_eq!(general.map(Incoming::from_frame), fast),
                 (Err(general), Err(fast)) => assert_eq!(
@@ -1067,7 +1067,7 @@ mod tests {
             // The channel fast path leaves such input to the general path.
             let channels = Channels::new([Bytes::from_static(b"ch")]);
             let mut buf = BytesMut::from(input);
-            let mut decoder = Decoder::with_limits(limits);
+            let mut decoder = RespDecoder::with_limits(limits);
             assert!(decoder.decode_message_on(&mut buf, &channels).is_none());
             assert_eq!(&buf[..], input);
         }
@@ -1084,7 +1084,7 @@ mod tests {
         let channels = Channels::new([Bytes::from_static(b"ch")]);
         let expected = decode_all(input).unwrap();
         for cut in 0..=input.len() {
-            let mut decoder = Decoder::new();
+            let mut decoder = RespDecoder::new();
             let mut buf = BytesMut::from(&input[..cut]);
             let mut seen = Vec::new();
             let mut step = |buf: &mut BytesMut, seen: &mut Vec<Frame>| loop {
@@ -1198,7 +1198,7 @@ mod tests {
 
     #[test]
     fn resumes_a_large_bulk_without_rescanning() {
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(&b"$10\r\n01234"[..]);
         assert_eq!(decoder.decode(&mut buf), Ok(None));
         assert_eq!(decoder.min_buffer_len(), 17);
@@ -1210,7 +1210,7 @@ mod tests {
 
     #[test]
     fn resumes_a_long_line_where_it_stopped() {
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(&b"*2\r\n+abc"[..]);
         assert_eq!(decoder.decode(&mut buf), Ok(None));
         assert_eq!(decoder.line_from, 8);
@@ -1226,7 +1226,7 @@ mod tests {
 
     #[test]
     fn a_shrunk_buffer_restarts_the_scan() {
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(&b"*2\r\n:1\r\n"[..]);
         assert_eq!(decoder.decode(&mut buf), Ok(None));
         let mut other = BytesMut::from(&b":7\r\n"[..]);
@@ -1242,10 +1242,12 @@ mod tests {
             b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$-1\r\n",
         ];
         for input in inputs {
-            let fast = Decoder::new()
+            let fast = RespDecoder::new()
                 .decode_pubsub(&mut BytesMut::from(input))
                 .unwrap();
-            let slow = Decoder::new().decode(&mut BytesMut::from(input)).unwrap();
+            let slow = RespDecoder::new()
+                .decode(&mut BytesMut::from(input))
+                .unwrap();
             assert_eq!(fast, slow.map(Incoming::from_frame));
         }
     }
@@ -1255,7 +1257,7 @@ mod tests {
         // A first read that ends inside the first header saves `need`
         // without a token; the fast path then takes the whole message and
         // must not leave that stale bound behind for the next frame.
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::from(&b"*3\r"[..]);
         assert_eq!(decoder.decode_pubsub(&mut buf), Ok(None));
         buf.extend_from_slice(b"\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\np\r\n_\r\n");
@@ -1275,7 +1277,8 @@ mod tests {
             .with_max_bulk_len(4)
             .with_max_elements(2)
             .with_max_depth(2);
-        let run = |input: &[u8]| Decoder::with_limits(limits).decode(&mut BytesMut::from(input));
+        let run =
+            |input: &[u8]| RespDecoder::with_limits(limits).decode(&mut BytesMut::from(input));
         assert_eq!(
             run(b"$5\r\n"),
             Err(RespError::BulkTooLong { len: 5, max: 4 })

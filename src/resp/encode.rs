@@ -7,7 +7,7 @@ use std::fmt;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::error::{EncodeError, snippet};
+use super::error::{RespEncodeError, snippet};
 use super::frame::Frame;
 use super::value;
 
@@ -34,7 +34,7 @@ impl Frame {
     /// or big number whose text the decoder refuses. Frames from the
     /// decoder always encode. Walks the frame with an explicit stack: no
     /// recursion. The decoder's [`Limits`](super::Limits) are not checked.
-    pub fn encode(&self, buf: &mut BytesMut) -> Result<(), EncodeError> {
+    pub fn encode(&self, buf: &mut BytesMut) -> Result<(), RespEncodeError> {
         let start = buf.len();
         buf.reserve(self.encoded_len());
         let mut stack = Vec::new();
@@ -51,7 +51,7 @@ impl Frame {
     }
 
     /// The frame's RESP encoding, in a buffer of its own.
-    pub fn to_bytes(&self) -> Result<Bytes, EncodeError> {
+    pub fn to_bytes(&self) -> Result<Bytes, RespEncodeError> {
         let mut buf = BytesMut::new();
         self.encode(&mut buf)?;
         Ok(buf.freeze())
@@ -104,7 +104,7 @@ fn head_len(frame: &Frame) -> usize {
 
 /// Writes a frame's own bytes (an aggregate's header), without its
 /// children's.
-fn put_head(buf: &mut BytesMut, frame: &Frame) -> Result<(), EncodeError> {
+fn put_head(buf: &mut BytesMut, frame: &Frame) -> Result<(), RespEncodeError> {
     match frame {
         Frame::SimpleString(text) => put_line(buf, b'+', text, "simple string")?,
         Frame::Error(text) => put_line(buf, b'-', text, "simple error")?,
@@ -150,9 +150,9 @@ fn put_line(
     kind: u8,
     text: &[u8],
     what: &'static str,
-) -> Result<(), EncodeError> {
+) -> Result<(), RespEncodeError> {
     if text.iter().any(|&b| b == b'\r' || b == b'\n') {
-        return Err(EncodeError::Newline {
+        return Err(RespEncodeError::Newline {
             what,
             input: snippet(text),
         });
@@ -163,8 +163,8 @@ fn put_line(
     Ok(())
 }
 
-fn invalid_value(what: &'static str, text: &[u8]) -> EncodeError {
-    EncodeError::InvalidValue {
+fn invalid_value(what: &'static str, text: &[u8]) -> RespEncodeError {
+    RespEncodeError::InvalidValue {
         what,
         input: snippet(text),
     }
@@ -543,7 +543,7 @@ mod tests {
         ]);
         assert!(matches!(
             frame.encode(&mut buf),
-            Err(EncodeError::Newline { .. })
+            Err(RespEncodeError::Newline { .. })
         ));
         assert_eq!(&buf[..], b"keep");
         assert!(Frame::Double("1.5x".into()).to_bytes().is_err());

@@ -130,7 +130,7 @@ impl RespError {
 /// Frames returned by the decoder always encode.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum EncodeError {
+pub enum RespEncodeError {
     /// A simple string or simple error containing `\r` or `\n`, which would
     /// end the line early. Use a bulk string or bulk error instead.
     #[error("{what} contains CR or LF: {input:?}")]

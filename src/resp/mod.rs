@@ -10,14 +10,14 @@
 //!
 //! ```
 //! use bytes::BytesMut;
-//! use synapse_replication::resp::{Decoder, Incoming};
+//! use synapse_replication::resp::{RespDecoder, Incoming};
 //! use synapse_replication::wire::Command;
 //!
 //! let wire: &[u8] = b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n\
 //!                     $28\r\nPOSITION events master 41 42\r\n";
 //! let (first_read, second_read) = wire.split_at(30);
 //!
-//! let mut decoder = Decoder::new();
+//! let mut decoder = RespDecoder::new();
 //! let mut buf = BytesMut::new();
 //! buf.extend_from_slice(first_read);
 //! assert_eq!(decoder.decode_pubsub(&mut buf)?, None, "not all there yet");
@@ -72,11 +72,15 @@ mod error;
 mod frame;
 mod value;
 
-pub use decode::{Channels, Decoder, Limits};
+pub use decode::{Channels, Limits, RespDecoder};
 pub use encode::{
     Credentials, Hello, Protocol, command_len, encode_auth, encode_client_setname, encode_command,
     encode_hello, encode_ping, encode_publish, encode_quit, encode_select, encode_subscribe,
     encode_unsubscribe, publish_len,
 };
-pub use error::{EncodeError, RespError};
+pub use error::{RespEncodeError, RespError};
 pub use frame::{Frame, Incoming, Message, SubscriptionKind};
+
+/// Renamed: `wire::Decoder` is the line decoder.
+#[deprecated(note = "renamed to RespDecoder")]
+pub type Decoder = RespDecoder;

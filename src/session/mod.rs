@@ -94,11 +94,21 @@ mod stats;
 mod tcp;
 
 pub use redis::{
-    CommandCounts, RedisAuth, RedisCounters, RedisError, RedisEvent, RedisLink, RedisOptions,
-    RedisSession, ServerError,
+    CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
+    RedisSession, RedisSessionConfig,
 };
 pub use stats::RedisStats;
+
+/// Renamed: one suffix for configuration across the crate.
+#[deprecated(note = "renamed to RedisSessionConfig")]
+pub type RedisOptions = RedisSessionConfig;
+/// Renamed: one suffix for configuration across the crate.
+#[deprecated(note = "renamed to TcpSessionConfig")]
+pub type TcpConfig = TcpSessionConfig;
+/// Renamed: it is an error reply from Redis.
+#[deprecated(note = "renamed to RedisErrorReply")]
+pub type ServerError = RedisErrorReply;
 pub use tcp::{
     ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
-    TcpConfig, TcpError,
+    TcpError, TcpSessionConfig,
 };

@@ -43,7 +43,7 @@ impl fmt::Debug for RedisAuth {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedisLink {
     /// The connection that subscribes and receives. With
-    /// [`RedisOptions::single_connection`] it publishes too.
+    /// [`RedisSessionConfig::single_connection`] it publishes too.
     Subscriber,
     /// The connection that publishes.
     Publisher,
@@ -81,7 +81,7 @@ impl fmt::Display for RedisLink {
 /// limits. The defaults are Synapse's where it has one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RedisOptions {
+pub struct RedisSessionConfig {
     /// The channel prefix: the deployment's `server_name` (e.g.
     /// `example.com`). Commands are published on it, `USER_IP` on
     /// `<prefix>/USER_IP`.
@@ -126,7 +126,7 @@ pub struct RedisOptions {
     /// bulk string of 16 MiB and a frame of 32 MiB, the most buffered for
     /// one connection. A message over them closes the connection (it is
     /// not a replication line: those are refused beyond
-    /// [`RedisOptions::max_line_len`] and reported as malformed).
+    /// [`RedisSessionConfig::max_line_len`] and reported as malformed).
     pub resp_limits: resp::Limits,
     /// The longest replication line accepted in a message (see
     /// [`Decoder::max_line_len`]); longer ones are reported as malformed
@@ -138,11 +138,11 @@ pub struct RedisOptions {
     pub report_received: bool,
 }
 
-impl RedisOptions {
+impl RedisSessionConfig {
     /// Options for the deployment named `prefix` (its `server_name`), with
     /// the defaults.
-    pub fn new(prefix: impl Into<String>) -> RedisOptions {
-        RedisOptions {
+    pub fn new(prefix: impl Into<String>) -> RedisSessionConfig {
+        RedisSessionConfig {
             prefix: prefix.into(),
             extra_channels: Vec::new(),
             auth: None,
@@ -181,15 +181,15 @@ impl RedisOptions {
 /// An error reply from Redis, e.g. `NOPERM this user has no permissions to
 /// access the 'x' channel`: the code (first word) and the message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerError {
+pub struct RedisErrorReply {
     /// The error code: `ERR`, `WRONGPASS`, `NOPERM`, `NOAUTH`, ...
     pub code: String,
     /// The whole error line.
     pub message: String,
 }
 
-impl ServerError {
-    fn from_frame(frame: &Frame) -> Option<ServerError> {
+impl RedisErrorReply {
+    fn from_frame(frame: &Frame) -> Option<RedisErrorReply> {
         let text = match frame {
             Frame::Error(text) | Frame::BulkError(text) => text,
             _ => return None,
@@ -200,11 +200,11 @@ impl ServerError {
             .next()
             .unwrap_or_default()
             .to_owned();
-        Some(ServerError { code, message })
+        Some(RedisErrorReply { code, message })
     }
 }
 
-impl fmt::Display for ServerError {
+impl fmt::Display for RedisErrorReply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
@@ -219,22 +219,22 @@ pub enum RedisError {
     /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`, an `AUTH`
     /// without a password configured).
     #[error("authentication failed: {0}")]
-    Auth(ServerError),
+    Auth(RedisErrorReply),
     /// Redis refused `SELECT` (no such database).
     #[error("SELECT {database} failed: {error}")]
     Select {
         /// The database asked for.
         database: u32,
         /// Redis' answer.
-        error: ServerError,
+        error: RedisErrorReply,
     },
     /// Redis refused `SUBSCRIBE` (an ACL without access to the channel).
     #[error("SUBSCRIBE failed: {0}")]
-    Subscribe(ServerError),
+    Subscribe(RedisErrorReply),
     /// Redis refused `HELLO 3` (a server before Redis 6): the session falls
     /// back to two RESP2 connections.
     #[error("RESP3 refused, falling back to two connections: {0}")]
-    Resp3Unsupported(ServerError),
+    Resp3Unsupported(RedisErrorReply),
     /// Redis sent bytes that are not RESP, or that break a cap.
     #[error("invalid reply: {0}")]
     Protocol(#[from] RespError),
@@ -244,7 +244,7 @@ pub enum RedisError {
     /// Replies were owed and nothing arrived for this long.
     #[error("no reply for {0:?}")]
     Timeout(Duration),
-    /// More than [`RedisOptions::max_unsent_bytes`] waited for the socket.
+    /// More than [`RedisSessionConfig::max_unsent_bytes`] waited for the socket.
     #[error("Redis does not read: {0} bytes unsent")]
     FailedToKeepUp(usize),
 }
@@ -285,7 +285,7 @@ pub enum RedisEvent {
     /// only logs). This process's own commands come back too: Redis
     /// echoes them.
     Command(Command),
-    /// A command received (only with [`RedisOptions::report_received`]),
+    /// A command received (only with [`RedisSessionConfig::report_received`]),
     /// before it is acted on.
     Received {
         /// The channel it came on.
@@ -310,7 +310,7 @@ pub enum RedisEvent {
         /// The command refused.
         command: CommandKind,
         /// Redis' answer.
-        error: ServerError,
+        error: RedisErrorReply,
     },
     /// This session gave up `link`: close the socket, then call
     /// [`RedisSession::disconnected`]. Nothing more will be read from or
@@ -419,7 +419,7 @@ enum Expect {
 /// One connection to Redis. Its [`Debug`] output shows the sizes of its
 /// buffers, never their bytes (`AUTH` and published lines are in them).
 struct Link {
-    decoder: resp::Decoder,
+    decoder: resp::RespDecoder,
     input: BytesMut,
     out: BytesMut,
     /// Replies owed, run-length encoded (a burst of publishes is one entry).
@@ -453,7 +453,7 @@ impl fmt::Debug for Link {
 impl Link {
     fn new(limits: resp::Limits, now: Instant) -> Link {
         Link {
-            decoder: resp::Decoder::with_limits(limits),
+            decoder: resp::RespDecoder::with_limits(limits),
             input: BytesMut::new(),
             // Also the size of the buffers that follow each chunk taken by
             // `poll_transmit` (BytesMut keeps the first capacity as a hint):
@@ -488,16 +488,16 @@ impl Link {
         Some(expect)
     }
 
-    fn deadline(&self, options: &RedisOptions) -> Option<Instant> {
+    fn deadline(&self, options: &RedisSessionConfig) -> Option<Instant> {
         if self.failed {
             return None;
         }
-        let interval = options.ping_interval.max(RedisOptions::MIN_TIMER);
+        let interval = options.ping_interval.max(RedisSessionConfig::MIN_TIMER);
         let ping = self.last_ping.checked_add(interval);
         let silence = if self.expect.is_empty() {
             None
         } else {
-            let timeout = options.ping_timeout.max(RedisOptions::MIN_TIMER);
+            let timeout = options.ping_timeout.max(RedisSessionConfig::MIN_TIMER);
             self.last_progress.checked_add(timeout)
         };
         match (ping, silence) {
@@ -560,16 +560,16 @@ fn usable(link: Option<&Link>) -> bool {
 ///   stream waits for its next `POSITION`); losing either link makes the
 ///   writer stop publishing until both are back, when it announces its
 ///   positions again. Commands sent meanwhile are dropped and counted, or
-///   queued up to [`RedisOptions::max_queued_while_disconnected`].
-/// - Each link sends `PING` every [`RedisOptions::ping_interval`]; a link
-///   that owes a reply and hears nothing for [`RedisOptions::ping_timeout`]
+///   queued up to [`RedisSessionConfig::max_queued_while_disconnected`].
+/// - Each link sends `PING` every [`RedisSessionConfig::ping_interval`]; a link
+///   that owes a reply and hears nothing for [`RedisSessionConfig::ping_timeout`]
 ///   is given up, which finds a paused server or a dead network.
 ///
 /// Its [`Debug`] output never shows a secret: of the bytes waiting to be
 /// sent or decoded (an `AUTH` with the password, a `USER_IP` with an
 /// access token) it shows only how many there are.
 pub struct RedisSession {
-    options: RedisOptions,
+    options: RedisSessionConfig,
     channels: resp::Channels,
     decoder: Decoder,
     follower: Follower,
@@ -614,7 +614,7 @@ impl fmt::Debug for RedisSession {
 impl RedisSession {
     /// A session with `options` that follows with `follower` and writes
     /// with `writer` (both named after this process).
-    pub fn new(options: RedisOptions, follower: Follower, writer: Writer) -> RedisSession {
+    pub fn new(options: RedisSessionConfig, follower: Follower, writer: Writer) -> RedisSession {
         let channels = resp::Channels::new(options.channels().into_iter().map(Bytes::from));
         RedisSession {
             decoder: Decoder::new().max_line_len(options.max_line_len),
@@ -887,7 +887,7 @@ impl RedisSession {
             return Ok(());
         }
         let expect = self.take_expect(link)?;
-        let error = ServerError::from_frame(&frame);
+        let error = RedisErrorReply::from_frame(&frame);
         if let Some(error) = error.as_ref().filter(|error| error.code == "NOAUTH") {
             // Redis wants a password this session has not given (or gave
             // one it does not take): nothing else will work either.
@@ -1099,8 +1099,11 @@ impl RedisSession {
     /// owe replies and have been silent too long.
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.tick(now);
-        let interval = self.options.ping_interval.max(RedisOptions::MIN_TIMER);
-        let timeout = self.options.ping_timeout.max(RedisOptions::MIN_TIMER);
+        let interval = self
+            .options
+            .ping_interval
+            .max(RedisSessionConfig::MIN_TIMER);
+        let timeout = self.options.ping_timeout.max(RedisSessionConfig::MIN_TIMER);
         for link in RedisLink::BOTH {
             let Some(conn) = self.link_mut(link) else {
                 continue;
@@ -1133,7 +1136,7 @@ impl RedisSession {
     /// positions consistent: `RDATA`, `POSITION` and `REPLICATE` are
     /// refused here, as are `SERVER` and `NAME`, which mean nothing over
     /// Redis. While the session is not ready the command is queued (up to
-    /// [`RedisOptions::max_queued_while_disconnected`]) or dropped, counted
+    /// [`RedisSessionConfig::max_queued_while_disconnected`]) or dropped, counted
     /// in [`RedisCounters::dropped`], with [`SendError::NotConnected`].
     pub fn send(&mut self, command: Command) -> Result<(), SendError> {
         let kind = command.kind();
@@ -1317,7 +1320,7 @@ impl RedisSession {
     }
 
     /// The options.
-    pub fn options(&self) -> &RedisOptions {
+    pub fn options(&self) -> &RedisSessionConfig {
         &self.options
     }
 

@@ -24,7 +24,7 @@ use super::lines::{LineTooLong, Lines};
 /// The defaults are Synapse's (`protocol.py`) where it has one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TcpConfig {
+pub struct TcpSessionConfig {
     /// The longest line received or sent, without its `\n` (Synapse:
     /// 16384, Twisted's `LineOnlyReceiver.MAX_LENGTH`). A longer line
     /// received closes the connection with `ERROR Line length exceeded`; no
@@ -54,9 +54,9 @@ pub struct TcpConfig {
     pub report_received: bool,
 }
 
-impl Default for TcpConfig {
+impl Default for TcpSessionConfig {
     fn default() -> Self {
-        TcpConfig {
+        TcpSessionConfig {
             max_line_len: Decoder::SYNAPSE_TCP_MAX_LINE,
             max_queued_commands: 10_000,
             max_queued_bytes: 32 << 20,
@@ -69,7 +69,7 @@ impl Default for TcpConfig {
     }
 }
 
-impl TcpConfig {
+impl TcpSessionConfig {
     /// Timers below this are raised to it, so that a zero interval cannot
     /// make the event loop spin.
     const MIN_TIMER: Duration = Duration::from_millis(1);
@@ -86,7 +86,7 @@ impl TcpConfig {
 #[non_exhaustive]
 pub enum TcpError {
     /// The peer sent (or started) a line longer than
-    /// [`TcpConfig::max_line_len`].
+    /// [`TcpSessionConfig::max_line_len`].
     #[error("line exceeds the limit of {max} bytes")]
     LineTooLong {
         /// The limit.
@@ -117,11 +117,11 @@ pub enum TcpError {
         /// The name the server sent.
         got: ByteString,
     },
-    /// Nothing was received for [`TcpConfig::ping_timeout`].
+    /// Nothing was received for [`TcpSessionConfig::ping_timeout`].
     #[error("nothing received for {0:?}")]
     PingTimeout(Duration),
     /// The peer does not read: the queue reached
-    /// [`TcpConfig::max_queued_commands`] or [`TcpConfig::max_queued_bytes`].
+    /// [`TcpSessionConfig::max_queued_commands`] or [`TcpSessionConfig::max_queued_bytes`].
     #[error("peer failed to keep up: {commands} commands ({bytes} bytes) queued")]
     FailedToKeepUp {
         /// Commands queued.
@@ -189,7 +189,7 @@ pub enum SendError {
     /// No client with this id (never accepted, or disconnected).
     #[error("no client {0}")]
     UnknownClient(ClientId),
-    /// The encoded line is longer than [`TcpConfig::max_line_len`]; the
+    /// The encoded line is longer than [`TcpSessionConfig::max_line_len`]; the
     /// peer would close the connection (Synapse refuses to send it too).
     #[error("line of {len} bytes exceeds the limit of {max} bytes")]
     LineTooLong {
@@ -214,7 +214,7 @@ pub enum ConnectionState {
     /// `ERROR` line), then close the socket.
     Closing,
     /// The `ERROR` line could not be written within
-    /// [`TcpConfig::close_timeout`]: drop the socket now.
+    /// [`TcpSessionConfig::close_timeout`]: drop the socket now.
     Aborted,
 }
 
@@ -256,7 +256,7 @@ pub enum ClientEvent {
     /// The server reported an error (`ERROR`); it usually closes next.
     PeerError(ByteString),
     /// A valid command was received (only with
-    /// [`TcpConfig::report_received`]); it is then acted on as usual.
+    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
     Received(Command),
     /// This client is closing the connection: the `ERROR` line is queued.
     Closing(TcpError),
@@ -311,7 +311,7 @@ pub enum ServerEvent {
         message: ByteString,
     },
     /// A valid command was received (only with
-    /// [`TcpConfig::report_received`]); it is then acted on as usual.
+    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
     Received {
         /// The client.
         client: ClientId,
@@ -437,7 +437,7 @@ impl fmt::Debug for Conn {
 }
 
 impl Conn {
-    fn new(config: &TcpConfig, now: Instant) -> Conn {
+    fn new(config: &TcpSessionConfig, now: Instant) -> Conn {
         Conn {
             lines: Lines::new(config.max_line_len),
             out: VecDeque::new(),
@@ -460,7 +460,7 @@ impl Conn {
         }
     }
 
-    fn queue(&mut self, line: Bytes, config: &TcpConfig, now: Instant) -> Queued {
+    fn queue(&mut self, line: Bytes, config: &TcpSessionConfig, now: Instant) -> Queued {
         if !self.is_open() {
             return Queued::NotOpen;
         }
@@ -478,7 +478,7 @@ impl Conn {
 
     /// Fatal: drop what is queued and input still buffered, queue the
     /// `ERROR` line alone.
-    fn fail(&mut self, message: &str, config: &TcpConfig, now: Instant) {
+    fn fail(&mut self, message: &str, config: &TcpSessionConfig, now: Instant) {
         if !self.is_open() {
             return;
         }
@@ -488,12 +488,12 @@ impl Conn {
         self.out_bytes = line.len();
         self.out.push_back(line);
         self.last_sent = now;
-        let close = config.close_timeout.max(TcpConfig::MIN_TIMER);
+        let close = config.close_timeout.max(TcpSessionConfig::MIN_TIMER);
         let abort_at = now.checked_add(close).unwrap_or(now);
         self.state = State::Closing { abort_at };
     }
 
-    fn deadline(&self, config: &TcpConfig) -> Option<Instant> {
+    fn deadline(&self, config: &TcpSessionConfig) -> Option<Instant> {
         match self.state {
             State::Open => {
                 let ping = self.last_sent.checked_add(config.effective_ping_interval());
@@ -509,7 +509,7 @@ impl Conn {
     }
 
     /// Advances the timers to `now`; the caller sends the `PING` or fails.
-    fn on_timeout(&mut self, config: &TcpConfig, now: Instant) -> Due {
+    fn on_timeout(&mut self, config: &TcpSessionConfig, now: Instant) -> Due {
         match self.state {
             State::Open => {
                 let silent = now.saturating_duration_since(self.last_received);
@@ -610,10 +610,10 @@ impl Conn {
 ///   `LOCK_RELEASED` to the application; `ERROR` is reported; blank lines
 ///   are ignored.
 /// - A line that does not decode, a command a server may not send, a line
-///   over [`TcpConfig::max_line_len`]: `ERROR` and close.
+///   over [`TcpSessionConfig::max_line_len`]: `ERROR` and close.
 /// - A `PING` goes out whenever nothing was sent for
-///   [`TcpConfig::ping_interval`]; the connection is closed when nothing
-///   was received for [`TcpConfig::ping_timeout`] (Synapse starts that
+///   [`TcpSessionConfig::ping_interval`]; the connection is closed when nothing
+///   was received for [`TcpSessionConfig::ping_timeout`] (Synapse starts that
 ///   clock at the first `PING` received; here it starts on connecting:
 ///   every Synapse peer pings at once).
 /// - A fatal error stays fatal: input is ignored from then on and only the
@@ -625,7 +625,7 @@ impl Conn {
 /// token.
 #[derive(Debug)]
 pub struct ClientSession {
-    config: TcpConfig,
+    config: TcpSessionConfig,
     decoder: Decoder,
     server_name: ByteString,
     name_line: Option<Bytes>,
@@ -640,7 +640,7 @@ pub struct ClientSession {
 impl ClientSession {
     /// A client that expects the server `server_name` (Synapse's
     /// `server_name`, e.g. `example.com`) and follows with `follower`, with
-    /// the default [`TcpConfig`].
+    /// the default [`TcpSessionConfig`].
     ///
     /// Fails if the follower's own name cannot be sent as `NAME` (it
     /// contains a newline).
@@ -648,14 +648,14 @@ impl ClientSession {
         server_name: impl Into<ByteString>,
         follower: Follower,
     ) -> Result<ClientSession, EncodeError> {
-        ClientSession::with_config(server_name, follower, TcpConfig::default())
+        ClientSession::with_config(server_name, follower, TcpSessionConfig::default())
     }
 
     /// A client with the given limits and timers.
     pub fn with_config(
         server_name: impl Into<ByteString>,
         follower: Follower,
-        config: TcpConfig,
+        config: TcpSessionConfig,
     ) -> Result<ClientSession, EncodeError> {
         let name = ByteString::from(follower.own_name().as_str());
         let mut session = ClientSession {
@@ -871,7 +871,7 @@ impl ClientSession {
     /// `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`, `LOCK_RELEASED`
     /// (or `ERROR`, `PING`, `NAME`, `REPLICATE`).
     ///
-    /// Queueing more than [`TcpConfig::max_queued_commands`] closes the
+    /// Queueing more than [`TcpSessionConfig::max_queued_commands`] closes the
     /// connection (`ERROR Failed to keep up`) and fails with
     /// [`SendError::Closing`].
     pub fn send(&mut self, command: Command) -> Result<(), SendError> {
@@ -917,7 +917,7 @@ impl ClientSession {
     }
 
     /// The next bytes to write, or `None`: whole lines, joined up to
-    /// [`TcpConfig::max_transmit_len`]. Take a chunk only when the socket
+    /// [`TcpSessionConfig::max_transmit_len`]. Take a chunk only when the socket
     /// can take it.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
@@ -953,7 +953,7 @@ impl ClientSession {
     }
 
     /// Bytes held for a received line whose `\n` has not arrived (never
-    /// more than [`TcpConfig::max_line_len`]).
+    /// more than [`TcpSessionConfig::max_line_len`]).
     pub fn buffered_input(&self) -> usize {
         self.conn.as_ref().map_or(0, |conn| conn.lines.buffered())
     }
@@ -976,7 +976,7 @@ impl ClientSession {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &TcpConfig {
+    pub fn config(&self) -> &TcpSessionConfig {
         &self.config
     }
 
@@ -1031,11 +1031,11 @@ struct Client {
 ///   socket is dropped at once.
 ///
 /// Rows written between two turns of the event loop are queued for every
-/// client at once: a burst of more than [`TcpConfig::max_queued_commands`]
+/// client at once: a burst of more than [`TcpSessionConfig::max_queued_commands`]
 /// rows closes every connection (`ERROR Failed to keep up`). Write in
 /// smaller steps, as Synapse's streamer does.
 ///
-/// An `RDATA` whose line would exceed [`TcpConfig::max_line_len`] cannot be
+/// An `RDATA` whose line would exceed [`TcpSessionConfig::max_line_len`] cannot be
 /// sent (Synapse raises and the row is lost); it is replaced by `POSITION t
 /// t`, so that followers see the gap and fetch the row out of band (a
 /// `batch` of which a row is too long goes the same way as a whole).
@@ -1046,7 +1046,7 @@ struct Client {
 /// token.
 #[derive(Debug)]
 pub struct ServerSession {
-    config: TcpConfig,
+    config: TcpSessionConfig,
     decoder: Decoder,
     server_line: Bytes,
     writer: Writer,
@@ -1063,7 +1063,7 @@ pub struct ServerSession {
 impl ServerSession {
     /// A server named `server_name` (Synapse's `server_name`, sent as
     /// `SERVER`) that serves the streams `writer` writes, with the default
-    /// [`TcpConfig`]. The writer is marked connected: positions and rows
+    /// [`TcpSessionConfig`]. The writer is marked connected: positions and rows
     /// go to whichever clients are connected.
     ///
     /// Fails if the server name cannot be sent (it contains a newline).
@@ -1072,14 +1072,14 @@ impl ServerSession {
         writer: Writer,
         now: Instant,
     ) -> Result<ServerSession, EncodeError> {
-        ServerSession::with_config(server_name, writer, TcpConfig::default(), now)
+        ServerSession::with_config(server_name, writer, TcpSessionConfig::default(), now)
     }
 
     /// A server with the given limits and timers.
     pub fn with_config(
         server_name: impl Into<ByteString>,
         mut writer: Writer,
-        config: TcpConfig,
+        config: TcpSessionConfig,
         now: Instant,
     ) -> Result<ServerSession, EncodeError> {
         let mut server_line = BytesMut::new();
@@ -1434,7 +1434,7 @@ impl ServerSession {
     }
 
     /// The next bytes to write to `client`, or `None`: whole lines, joined
-    /// up to [`TcpConfig::max_transmit_len`]. Take a chunk only when the
+    /// up to [`TcpSessionConfig::max_transmit_len`]. Take a chunk only when the
     /// client's socket can take it.
     #[must_use]
     pub fn poll_transmit(&mut self, client: ClientId) -> Option<Bytes> {
@@ -1485,7 +1485,7 @@ impl ServerSession {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &TcpConfig {
+    pub fn config(&self) -> &TcpSessionConfig {
         &self.config
     }
 }

@@ -233,7 +233,7 @@ use crate::positions::{CatchUpPage, CatchUpRequest};
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 #[cfg(feature = "http-catch-up")]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
-pub use redis::{RedisClient, RedisClientEvent, RedisClientOptions};
+pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
 pub use redis_config::{
     RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig, TlsConfig,
 };
@@ -241,9 +241,19 @@ pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 pub use smol::SmolRuntime;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
+
+/// Renamed: one suffix for configuration across the crate.
+#[deprecated(note = "renamed to RedisClientConfig")]
+pub type RedisClientOptions = RedisClientConfig;
+/// Renamed: one suffix for configuration across the crate.
+#[deprecated(note = "renamed to TcpClientConfig")]
+pub type TcpClientOptions = TcpClientConfig;
+/// Renamed: one suffix for configuration across the crate.
+#[deprecated(note = "renamed to TcpServerConfig")]
+pub type TcpServerOptions = TcpServerConfig;
 pub use tcp::{
-    CommandSendError, CommandSender, Disconnect, TcpClient, TcpClientEvent, TcpClientOptions,
-    TcpServer, TcpServerEvent, TcpServerOptions,
+    CommandSendError, CommandSender, Disconnect, TcpClient, TcpClientConfig, TcpClientEvent,
+    TcpServer, TcpServerConfig, TcpServerEvent,
 };
 #[cfg(feature = "runtime-tokio")]
 pub use tokio::TokioRuntime;

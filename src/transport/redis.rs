@@ -13,7 +13,9 @@ use crate::positions::{
     CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Rows,
     SeedError, WriteError, Writer,
 };
-use crate::session::{RedisEvent, RedisLink, RedisOptions, RedisSession, RedisStats, SendError};
+use crate::session::{
+    RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
+};
 use crate::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
 
@@ -31,7 +33,7 @@ const BUDGET: usize = 32;
 /// Options of a [`RedisClient`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RedisClientOptions {
+pub struct RedisClientConfig {
     /// The first reconnection delay (100 ms); it doubles after each failed
     /// attempt, with jitter (see [`Backoff`]).
     pub initial_backoff: Duration,
@@ -58,9 +60,9 @@ pub struct RedisClientOptions {
     pub command_queue: usize,
 }
 
-impl Default for RedisClientOptions {
+impl Default for RedisClientConfig {
     fn default() -> Self {
-        RedisClientOptions {
+        RedisClientConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             stable_after: Duration::from_secs(5),
@@ -332,7 +334,7 @@ struct Slot {
 /// and returns as soon as there is something to report. Apply the
 /// follower's events in order as they come.
 ///
-/// Reading: each read takes up to [`RedisClientOptions::read_buffer`]
+/// Reading: each read takes up to [`RedisClientConfig::read_buffer`]
 /// bytes and the session decodes every message in it before the next read,
 /// so a burst costs one system call per read, not per message, and the
 /// socket is drained as fast as the application takes events.
@@ -372,7 +374,7 @@ struct Slot {
 pub struct RedisClient<R: Runtime> {
     runtime: R,
     config: RedisConfig,
-    options: RedisClientOptions,
+    options: RedisClientConfig,
     session: RedisSession,
     slots: [Slot; 2],
     events: VecDeque<RedisClientEvent>,
@@ -417,7 +419,7 @@ impl<R: Runtime> RedisClient<R> {
     ) -> Result<RedisClient<R>, RedisConfigError> {
         let config = synapse.redis().ok_or(RedisConfigError::Disabled)?.clone();
         let name = name.into();
-        let mut options = config.session_options(synapse.server_name());
+        let mut options = config.session_config(synapse.server_name());
         options.client_name = Some(name.to_string());
         let writers: Arc<dyn WriterRegistry> = synapse.writers().clone();
         let session = RedisSession::new(
@@ -432,9 +434,9 @@ impl<R: Runtime> RedisClient<R> {
     /// connects on the first [`next_event`](RedisClient::next_event).
     ///
     /// The session's credentials and database are its own
-    /// ([`RedisConfig::session_options`] fills them from `config`).
+    /// ([`RedisConfig::session_config`] fills them from `config`).
     pub fn new(runtime: R, config: RedisConfig, session: RedisSession) -> RedisClient<R> {
-        RedisClient::with_options(runtime, config, session, RedisClientOptions::default())
+        RedisClient::with_options(runtime, config, session, RedisClientConfig::default())
     }
 
     /// A client with the given options.
@@ -442,7 +444,7 @@ impl<R: Runtime> RedisClient<R> {
         runtime: R,
         config: RedisConfig,
         session: RedisSession,
-        options: RedisClientOptions,
+        options: RedisClientConfig,
     ) -> RedisClient<R> {
         let (commands, sender) = CommandQueue::new(options.command_queue);
         let slot = || Slot {
@@ -541,7 +543,7 @@ impl<R: Runtime> RedisClient<R> {
     }
 
     /// A handle to send commands from other tasks, through a queue of
-    /// [`RedisClientOptions::command_queue`] commands.
+    /// [`RedisClientConfig::command_queue`] commands.
     pub fn sender(&self) -> CommandSender {
         self.sender.clone()
     }
@@ -718,8 +720,9 @@ impl<R: Runtime> RedisClient<R> {
                 self.catch_ups.start(request);
             }
             RedisEvent::Ready => tracing::info!("replicating over Redis"),
+            // The session warns, rate limited; each one for debugging.
             RedisEvent::Malformed { error, .. } => {
-                tracing::warn!(%error, "ignored a message that is not a command");
+                tracing::debug!(%error, "ignored a message that is not a command");
             }
             RedisEvent::PublishFailed { command, error } => {
                 tracing::warn!(%command, %error, "Redis refused a publish");
@@ -884,11 +887,17 @@ impl<R: Runtime> RedisClient<R> {
 impl RedisConfig {
     /// Session options for the deployment named `prefix` (its
     /// `server_name`), with this configuration's credentials and database.
-    pub fn session_options(&self, prefix: impl Into<String>) -> RedisOptions {
-        let mut options = RedisOptions::new(prefix);
+    pub fn session_config(&self, prefix: impl Into<String>) -> RedisSessionConfig {
+        let mut options = RedisSessionConfig::new(prefix);
         options.auth = self.auth().cloned();
         options.database = self.database();
         options
+    }
+
+    /// Renamed: one suffix for configuration across the crate.
+    #[deprecated(note = "renamed to session_config")]
+    pub fn session_options(&self, prefix: impl Into<String>) -> RedisSessionConfig {
+        self.session_config(prefix)
     }
 }
 

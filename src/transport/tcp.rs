@@ -62,7 +62,7 @@ impl fmt::Display for Disconnect {
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TcpServerOptions {
+pub struct TcpServerConfig {
     /// Bytes read from a socket at once (64 KiB).
     pub read_buffer: usize,
     /// After accepting fails (too many open files...), wait this long
@@ -76,17 +76,17 @@ pub struct TcpServerOptions {
     pub max_connections: usize,
 }
 
-impl TcpServerOptions {
-    /// The default of [`TcpServerOptions::max_connections`].
+impl TcpServerConfig {
+    /// The default of [`TcpServerConfig::max_connections`].
     pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 }
 
-impl Default for TcpServerOptions {
+impl Default for TcpServerConfig {
     fn default() -> Self {
-        TcpServerOptions {
+        TcpServerConfig {
             read_buffer: 64 << 10,
             accept_pause: Duration::from_millis(100),
-            max_connections: TcpServerOptions::DEFAULT_MAX_CONNECTIONS,
+            max_connections: TcpServerConfig::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -110,10 +110,10 @@ pub enum TcpServerEvent {
         reason: Disconnect,
     },
     /// Accepting a connection failed; the server goes on after
-    /// [`TcpServerOptions::accept_pause`].
+    /// [`TcpServerConfig::accept_pause`].
     AcceptFailed(io::Error),
     /// A connection was closed as soon as it was accepted: the server
-    /// already serves [`TcpServerOptions::max_connections`]. Counted in
+    /// already serves [`TcpServerConfig::max_connections`]. Counted in
     /// [`TcpServer::refused_connections`].
     Refused {
         /// Its address.
@@ -138,7 +138,7 @@ struct ServerLink {
 /// [`session_mut`](TcpServer::session_mut) (`write`, `advance`, `send`);
 /// they are sent during the next call.
 ///
-/// It serves at most [`TcpServerOptions::max_connections`] clients at
+/// It serves at most [`TcpServerConfig::max_connections`] clients at
 /// once (1024 by default); a connection beyond that is closed as soon as
 /// it is accepted ([`TcpServerEvent::Refused`]).
 ///
@@ -175,7 +175,7 @@ pub struct TcpServer<R: Runtime> {
     events: VecDeque<TcpServerEvent>,
     timer: Timer,
     read_buffer: BytesMut,
-    options: TcpServerOptions,
+    options: TcpServerConfig,
     accept_pause: Option<BoxFuture<'static, ()>>,
     refused: u64,
 }
@@ -195,7 +195,7 @@ impl<R: Runtime> TcpServer<R> {
     /// Listens on `addr` (`host:port`, port 0 picks one) with the default
     /// options.
     pub async fn bind(runtime: R, addr: &str, session: ServerSession) -> io::Result<TcpServer<R>> {
-        TcpServer::bind_with(runtime, addr, session, TcpServerOptions::default()).await
+        TcpServer::bind_with(runtime, addr, session, TcpServerConfig::default()).await
     }
 
     /// Listens on `addr` with the given options.
@@ -203,7 +203,7 @@ impl<R: Runtime> TcpServer<R> {
         runtime: R,
         addr: &str,
         mut session: ServerSession,
-        options: TcpServerOptions,
+        options: TcpServerConfig,
     ) -> io::Result<TcpServer<R>> {
         let listener = runtime.listen(addr).await?;
         session.set_wall_clock(runtime.now(), SystemTime::now());
@@ -232,7 +232,7 @@ impl<R: Runtime> TcpServer<R> {
     }
 
     /// Connections closed at once because
-    /// [`TcpServerOptions::max_connections`] were already served.
+    /// [`TcpServerConfig::max_connections`] were already served.
     pub fn refused_connections(&self) -> u64 {
         self.refused
     }
@@ -385,7 +385,7 @@ impl<R: Runtime> TcpServer<R> {
 /// Options of a [`TcpClient`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TcpClientOptions {
+pub struct TcpClientConfig {
     /// The first reconnection delay (100 ms); it doubles after each failed
     /// attempt, with jitter (see [`Backoff`]).
     pub initial_backoff: Duration,
@@ -410,9 +410,9 @@ pub struct TcpClientOptions {
     pub command_queue: usize,
 }
 
-impl Default for TcpClientOptions {
+impl Default for TcpClientConfig {
     fn default() -> Self {
-        TcpClientOptions {
+        TcpClientConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             stable_after: Duration::from_secs(5),
@@ -768,14 +768,14 @@ enum ClientState {
 /// `next_event` stops answering pings and is disconnected by the server.
 ///
 /// Reconnecting: after a lost connection the next attempt waits a delay
-/// that doubles from [`TcpClientOptions::initial_backoff`] up to
-/// [`TcpClientOptions::max_backoff`] (5 s), with jitter; a connection that
-/// stayed ready for [`TcpClientOptions::stable_after`] resets it. The first
+/// that doubles from [`TcpClientConfig::initial_backoff`] up to
+/// [`TcpClientConfig::max_backoff`] (5 s), with jitter; a connection that
+/// stayed ready for [`TcpClientConfig::stable_after`] resets it. The first
 /// attempt is immediate.
 pub struct TcpClient<R: Runtime> {
     runtime: R,
     addr: String,
-    options: TcpClientOptions,
+    options: TcpClientConfig,
     session: ClientSession,
     state: ClientState,
     events: VecDeque<TcpClientEvent>,
@@ -811,7 +811,7 @@ impl<R: Runtime> TcpClient<R> {
     /// options. It connects on the first
     /// [`next_event`](TcpClient::next_event).
     pub fn new(runtime: R, addr: impl Into<String>, session: ClientSession) -> TcpClient<R> {
-        TcpClient::with_options(runtime, addr, session, TcpClientOptions::default())
+        TcpClient::with_options(runtime, addr, session, TcpClientConfig::default())
     }
 
     /// A client with the given options.
@@ -819,7 +819,7 @@ impl<R: Runtime> TcpClient<R> {
         runtime: R,
         addr: impl Into<String>,
         session: ClientSession,
-        options: TcpClientOptions,
+        options: TcpClientConfig,
     ) -> TcpClient<R> {
         let (commands, sender) = CommandQueue::new(options.command_queue);
         TcpClient {
@@ -866,7 +866,7 @@ impl<R: Runtime> TcpClient<R> {
     }
 
     /// A handle to send commands from other tasks, through a queue of
-    /// [`TcpClientOptions::command_queue`] commands.
+    /// [`TcpClientConfig::command_queue`] commands.
     pub fn sender(&self) -> CommandSender {
         self.sender.clone()
     }
@@ -912,7 +912,7 @@ impl<R: Runtime> TcpClient<R> {
     }
 
     /// Writes what is queued (within
-    /// [`TcpConfig::close_timeout`](crate::session::TcpConfig::close_timeout)),
+    /// [`TcpSessionConfig::close_timeout`](crate::session::TcpSessionConfig::close_timeout)),
     /// closes the connection and stops: [`next_event`](TcpClient::next_event)
     /// returns `None` from now on.
     pub async fn close(&mut self) {

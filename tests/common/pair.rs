@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession, TcpConfig,
+    ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession,
+    TcpSessionConfig,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -56,7 +57,7 @@ pub fn registry() -> Arc<StreamWriters> {
 }
 
 /// A server session for `master` writing `streams`, each from token 0.
-pub fn server(streams: &[StreamName], config: TcpConfig, now: Instant) -> ServerSession {
+pub fn server(streams: &[StreamName], config: TcpSessionConfig, now: Instant) -> ServerSession {
     let mut writer = Writer::new(InstanceName::master(), registry());
     for stream in streams {
         writer.advance(stream, Token(0)).unwrap();
@@ -65,7 +66,7 @@ pub fn server(streams: &[StreamName], config: TcpConfig, now: Instant) -> Server
 }
 
 /// A client session `worker1` expecting `server_name`.
-pub fn client(server_name: &str, config: TcpConfig) -> ClientSession {
+pub fn client(server_name: &str, config: TcpSessionConfig) -> ClientSession {
     let follower = Follower::new(InstanceName::from("worker1"), registry());
     ClientSession::with_config(server_name, follower, config).unwrap()
 }
@@ -74,11 +75,11 @@ impl Pair {
     /// The default pair: `master` writes `typing` and `caches`; the client
     /// expects the right server name. Not yet connected.
     pub fn new() -> Pair {
-        Pair::with(TcpConfig::default(), SERVER_NAME)
+        Pair::with(TcpSessionConfig::default(), SERVER_NAME)
     }
 
     /// A pair with this configuration on both sides.
-    pub fn with(config: TcpConfig, client_expects: &str) -> Pair {
+    pub fn with(config: TcpSessionConfig, client_expects: &str) -> Pair {
         let now = Instant::now();
         let server = server(
             &[StreamName::Typing, StreamName::Caches],

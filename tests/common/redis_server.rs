@@ -29,7 +29,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use synapse_replication::resp::{Credentials, Decoder, Frame, encode_auth, encode_command};
+use synapse_replication::resp::{Credentials, Frame, RespDecoder, encode_auth, encode_command};
 
 /// How long an admin command may take before it fails.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -526,7 +526,7 @@ impl RedisServer {
         encode_command(&mut out, &args);
         let mut connection = self.admin_connection()?;
         connection.write_all(&out)?;
-        let mut decoder = Decoder::new();
+        let mut decoder = RespDecoder::new();
         let mut buf = BytesMut::new();
         let mut replies = Vec::new();
         let wanted = if self.options.requirepass.is_some() {
