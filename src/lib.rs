@@ -95,6 +95,7 @@
 //! error. A panic is a bug; please report it.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![cfg_attr(
     not(test),

@@ -42,6 +42,7 @@ pub struct RedisStats {
 }
 
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 impl RedisStats {
     /// Records this snapshot through the [`metrics`] facade, under the
     /// names of Synapse's Prometheus metrics where Synapse has one, with

@@ -232,6 +232,7 @@ use crate::positions::{CatchUpPage, CatchUpRequest};
 
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 #[cfg(feature = "http-catch-up")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
 pub use redis_config::{
@@ -239,6 +240,7 @@ pub use redis_config::{
 };
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
+#[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
 pub use smol::SmolRuntime;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
@@ -256,6 +258,7 @@ pub use tcp::{
     TcpServer, TcpServerConfig, TcpServerEvent,
 };
 #[cfg(feature = "runtime-tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]
 pub use tokio::TokioRuntime;
 
 /// Any error, boxed.
