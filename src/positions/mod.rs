@@ -55,12 +55,18 @@
 
 mod catch_up;
 mod follower;
+mod history;
+mod serve;
 mod writer;
 
 pub use catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest};
 pub use follower::{
     Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, Rows,
     SeedError,
+};
+pub use history::{History, HistoryError, HistoryMode, TARGET_ROW_COUNT};
+pub use serve::{
+    CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
 };
 pub use writer::{RateLimit, WriteError, Writer, WriterConfig, WriterCounters};
 

@@ -314,6 +314,19 @@ where
     }
 }
 
+/// A writer's in-memory [`History`](crate::positions::History) answers
+/// catch-ups in pages of Synapse's size
+/// ([`TARGET_ROW_COUNT`](crate::positions::TARGET_ROW_COUNT)): give the
+/// same `Arc<Mutex<History>>` to a Rust follower's client and to
+/// `HttpServer` (feature `http-server`) for Synapse's processes.
+#[async_trait]
+impl CatchUpSource for std::sync::Mutex<crate::positions::History> {
+    async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
+        let history = self.lock().unwrap_or_else(|poison| poison.into_inner());
+        Ok(history.answer(&request, crate::positions::TARGET_ROW_COUNT)?)
+    }
+}
+
 /// Exponential backoff with jitter, for reconnecting and retrying.
 ///
 /// Delays double from `initial` up to `max`; each is drawn uniformly from
