@@ -17,19 +17,19 @@
 # backlog runs), SOLO (1; 0 skips the solo runs), RUNTIME (smol or tokio: the drain's; smol), PORT (first
 # free port from 16400),
 # CHANNEL (e2e.example.com), WRITER=0 skips the writer-side runs, KEEP=1
-# keeps the work directory (logs, per-process outputs), E2E_BIN=DIR uses
-# drain, bare_drain and flood from DIR instead of building them (to compare
-# builds).
+# keeps the work directory (logs, per-process outputs, and bin/: the tools
+# as built), E2E_BIN=DIR uses drain, bare_drain and flood from DIR (such a
+# bin/) instead of building them (to compare builds).
 #
 # Drain runs: three subscribers side by side, each subscribed to CHANNEL
 # and CHANNEL/USER_IP before anything is published:
 #   redis-cli   `redis-cli SUBSCRIBE` (hiredis), its output counted by
 #               `bare_drain --redis-cli` (CPU and RSS are redis-cli's own);
-#   drain       examples/drain.rs: RedisClient + RedisSession, the crate's
-#               whole receive path (read, RESP, command decode, follower),
-#               on RUNTIME (smol, or a current-thread tokio runtime);
-#   bare        examples/bare_drain.rs: a std TcpStream and a minimal RESP
-#               counter, no decoding (the floor).
+#   drain       benches/tools/drain.rs: RedisClient + RedisSession, the
+#               crate's whole receive path (read, RESP, command decode,
+#               follower), on RUNTIME (smol, or a current-thread tokio);
+#   bare        benches/tools/bare_drain.rs: a std TcpStream and a minimal
+#               RESP counter, no decoding (the floor).
 # - burst runs (REPS): `flood --via bare` publishes COUNT messages of the mix
 #   (plus its 10-line preamble) pipelined at full speed while they read,
 #   then the sentinel line: who keeps up, who is cut, what it costs. A
@@ -127,10 +127,16 @@ if [ -n "${E2E_BIN:-}" ]; then
     echo "== prebuilt binaries from $BIN"
 else
     echo "== building (release)"
-    (cd "$ROOT" && cargo build --quiet --release --features runtime-smol \
-        --example drain --example bare_drain --example flood)
-    BIN=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps |
-        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/release/examples
+    # The tools are bench targets (benches/tools/), whose executables cargo
+    # names with a hash: copied into the work directory under their names.
+    BIN=$WORK/bin
+    mkdir -p "$BIN"
+    (cd "$ROOT" && cargo build --quiet --release --message-format=json-render-diagnostics \
+        --bench drain --bench bare_drain --bench flood) |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' |
+        while read -r exe; do
+            cp "$exe" "$BIN/$(basename "$exe" | sed 's/-[0-9a-f]*$//')"
+        done
 fi
 for bin in drain bare_drain flood; do
     [ -x "$BIN/$bin" ] || { echo "e2e.sh: $BIN/$bin missing" >&2; exit 2; }
@@ -381,7 +387,9 @@ if [ "$WRITER" = 1 ]; then
     done
 fi
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) { print "-"; exit }
+# The median of the numbers on stdin; nan without any (a ratio to a CPU
+# time GNU time measured as 0, on a short run), which printf prints as nan.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) { print "nan"; exit }
     if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # The tables of one kind of drain run: `summary FILE TITLE`.

@@ -6,7 +6,7 @@
 //! `cargo bench --bench redis_client`
 //!
 //! The input is the mix of `benches/redis_session.rs` (500,000 messages of
-//! `examples/flood.rs`'s mix, 184 bytes of RESP each), then a sentinel
+//! `benches/tools/flood.rs`'s mix, 184 bytes of RESP each), then a sentinel
 //! `PING`. Each run is a fresh client and connection; the figure is the
 //! client thread's CPU time from the session's `Ready` to the sentinel
 //! (socket reads, RESP, command decoding, the follower, event delivery,
@@ -33,9 +33,9 @@ use synapse_replication::transport::{
 use synapse_replication::wire::{Command, InstanceName};
 use synapse_replication::writers::StreamWriters;
 
-#[path = "../examples/flood.rs"]
-#[allow(dead_code, unused_imports)]
-mod flood;
+/// The traffic `benches/e2e.sh` publishes (`tools/flood.rs`).
+#[path = "tools/mix.rs"]
+mod mix;
 
 /// Messages of the mix (its 10-line preamble comes on top).
 const MESSAGES: usize = 500_000;
@@ -69,9 +69,9 @@ fn main() {
 /// What Redis writes to the subscriber once both channels are confirmed:
 /// the mix as `message`s, then the sentinel.
 fn messages() -> Vec<u8> {
-    let mut lines = flood::mix::lines(&flood::mix::items(MESSAGES, 42));
+    let mut lines = mix::lines(&mix::items(MESSAGES, 42));
     lines.push((false, Bytes::from_static(SENTINEL.as_bytes())));
-    flood::mix::messages(&lines, CHANNEL)
+    mix::messages(&lines, CHANNEL)
 }
 
 /// A loopback server: each connection gets Redis' answers to what it

@@ -3,7 +3,7 @@
 //!
 //! `cargo bench --bench redis_session`
 //!
-//! The input is 500,000 pub/sub `message`s of the mix `examples/flood.rs`
+//! The input is 500,000 pub/sub `message`s of the mix `benches/tools/flood.rs`
 //! publishes (`RDATA` of nine streams, some batches, `POSITION`s,
 //! `USER_SYNC`, `USER_IP` on its own channel...; mean line 137 bytes), as
 //! Redis writes them to a RESP2 subscriber: about 90 MB. `session` is the
@@ -35,11 +35,9 @@ use synapse_replication::resp::{self, Frame, Incoming};
 use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{self, Command, InstanceName};
 
-#[path = "../examples/flood.rs"]
-#[allow(dead_code, unused_imports)]
-mod flood;
-
-use flood::mix;
+/// The traffic `benches/e2e.sh` publishes (`tools/flood.rs`).
+#[path = "tools/mix.rs"]
+mod mix;
 
 /// Counts allocations while `COUNTING` is set.
 struct Counting;

@@ -4,10 +4,10 @@
 //! follower: the floor any full receive path is measured against.
 //!
 //! ```text
-//! cargo run --release --example bare_drain -- --port 6390 \
+//! cargo bench --bench bare_drain -- --port 6390 \
 //!     [--channel e2e.example.com] [--sentinel "PING drain-sentinel"] [--read-buffer 262144]
 //! redis-cli -p 6390 SUBSCRIBE e2e.example.com e2e.example.com/USER_IP \
-//!     | cargo run --release --example bare_drain -- --redis-cli [--sentinel LINE]
+//!     | cargo bench --bench bare_drain -- --redis-cli [--sentinel LINE]
 //! ```
 //!
 //! It subscribes to `<channel>` and `<channel>/USER_IP` (where Synapse
@@ -136,7 +136,17 @@ impl Counter<'_> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    // `cargo bench` adds `--bench`. Without other arguments (a plain
+    // `cargo bench` runs every bench target) there is nothing to measure.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.is_empty() {
+        eprintln!("bare_drain: run by benches/e2e.sh; alone: {USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let args = match parse_args(args.into_iter()) {
         Ok(args) => args,
         Err(message) => {
             if !message.is_empty() {
