@@ -38,11 +38,11 @@
 //! let mut pass_bytes = |server: &mut ServerSession, client: &mut ClientSession| loop {
 //!     let mut moved = false;
 //!     while let Some(bytes) = client.poll_transmit() {
-//!         server.handle_input(id, bytes, now);
+//!         server.handle_input(id, &bytes, now);
 //!         moved = true;
 //!     }
 //!     while let Some(bytes) = server.poll_transmit(id) {
-//!         client.handle_input(bytes, now);
+//!         client.handle_input(&bytes, now);
 //!         moved = true;
 //!     }
 //!     if !moved {

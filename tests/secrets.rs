@@ -344,9 +344,9 @@ fn tcp_server_session_hides_a_received_user_ip() {
     let client = server.accept(now);
     let line = format!("{}\n", user_ip_line());
     let (first, rest) = line.as_bytes().split_at(line.len() - 10);
-    server.handle_input(client, Bytes::copy_from_slice(first), now);
+    server.handle_input(client, first, now);
     assert_hidden("ServerSession with half a USER_IP", &server);
-    server.handle_input(client, Bytes::copy_from_slice(rest), now);
+    server.handle_input(client, rest, now);
     assert_hidden("ServerSession with a USER_IP event queued", &server);
     let mut seen = false;
     while let Some(event) = server.poll_event() {

@@ -8,7 +8,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::pair::{SERVER_NAME, client, row, server};
 use proptest::prelude::*;
 use synapse_replication::positions::{CatchUpPage, FollowerEvent};
@@ -175,7 +174,7 @@ fn run_client(chunks: &[Vec<u8>]) -> Outcome {
         outcome.sent.extend_from_slice(&bytes);
     }
     for chunk in chunks {
-        session.handle_input(Bytes::copy_from_slice(chunk), now);
+        session.handle_input(chunk, now);
         while let Some(bytes) = session.poll_transmit() {
             outcome.sent.extend_from_slice(&bytes);
         }
@@ -206,7 +205,7 @@ fn run_server(chunks: &[Vec<u8>]) -> Outcome {
         outcome.sent.extend_from_slice(&bytes);
     }
     for chunk in chunks {
-        session.handle_input(id, Bytes::copy_from_slice(chunk), now);
+        session.handle_input(id, chunk, now);
         while let Some(bytes) = session.poll_transmit(id) {
             outcome.sent.extend_from_slice(&bytes);
         }
@@ -325,7 +324,7 @@ impl ClientRun {
                 } else {
                     bytes
                 };
-                self.session.handle_input(Bytes::from(data), self.now);
+                self.session.handle_input(&data, self.now);
             }
             ClientOp::Advance(ms) => {
                 self.now += Duration::from_millis(u64::from(ms));
@@ -457,7 +456,7 @@ impl ServerRun {
             }
             ServerOp::Input(n, bytes) => {
                 if let Some(id) = self.pick(n) {
-                    self.session.handle_input(id, Bytes::from(bytes), self.now);
+                    self.session.handle_input(id, &bytes, self.now);
                 }
             }
             ServerOp::Advance(ms) => {

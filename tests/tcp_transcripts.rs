@@ -5,7 +5,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::pair::{Log, Pair, SERVER_NAME, client, client_summary, row, server, server_summary};
 use synapse_replication::positions::{CatchUpRequest, FollowerEvent, RowSource};
 use synapse_replication::session::{
@@ -391,8 +390,7 @@ fn line_too_long() {
     pair.connect();
     let long = format!("PING {}", "x".repeat(max - 4));
     for chunk in long.as_bytes().chunks(1000) {
-        pair.client
-            .handle_input(Bytes::copy_from_slice(chunk), pair.now);
+        pair.client.handle_input(chunk, pair.now);
         assert!(pair.client.buffered_input() <= max);
     }
     assert_eq!(pair.client.buffered_input(), 0);
@@ -534,13 +532,10 @@ fn a_fatal_error_stays_fatal() {
     let mut pair = Pair::new();
     pair.connect();
     pair.client_reads = false;
-    pair.client
-        .handle_input(Bytes::from_static(b"BOGUS\nPING 1\n"), pair.now);
+    pair.client.handle_input(b"BOGUS\nPING 1\n", pair.now);
     let events = pair.client_events.len();
-    pair.client.handle_input(
-        Bytes::from_static(b"RDATA caches master 1 []\nERROR x\n"),
-        pair.now,
-    );
+    pair.client
+        .handle_input(b"RDATA caches master 1 []\nERROR x\n", pair.now);
     pair.client.handle_timeout(pair.now + secs(1));
     assert!(
         pair.client
@@ -709,10 +704,10 @@ fn remote_server_up_is_relayed_to_the_other_clients() {
             for _ in 0..3 {
                 for (id, client) in clients.iter_mut() {
                     while let Some(bytes) = client.poll_transmit() {
-                        server.handle_input(*id, bytes, now);
+                        server.handle_input(*id, &bytes, now);
                     }
                     while let Some(bytes) = server.poll_transmit(*id) {
-                        client.handle_input(bytes, now);
+                        client.handle_input(&bytes, now);
                     }
                 }
             }

@@ -129,7 +129,7 @@ fn client(mut input: Input<'_>) {
         match op % 9 {
             0 | 1 => {
                 let Some(chunk) = input.chunk() else { break };
-                session.handle_input(Bytes::from(chunk), now);
+                session.handle_input(&chunk, now);
             }
             2 => {
                 let Some(ms) = input.byte() else { break };
@@ -230,7 +230,7 @@ fn server(mut input: Input<'_>) {
                 let Some(b) = input.byte() else { break };
                 let Some(chunk) = input.chunk() else { break };
                 if let Some(id) = pick(&ids, b) {
-                    session.handle_input(id, Bytes::from(chunk), now);
+                    session.handle_input(id, &chunk, now);
                 }
             }
             3 => {

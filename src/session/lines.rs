@@ -10,28 +10,28 @@ pub(crate) struct LineTooLong;
 
 /// Splits input chunks into lines, without their `\n`.
 ///
-/// Complete lines inside a chunk are views of that chunk (no copy); only
-/// the unfinished tail of a chunk is copied, into a buffer that never grows
-/// beyond the limit. Twisted's `LineOnlyReceiver` (what Synapse uses) has
-/// the same limit: a line of `max` bytes passes, one of `max + 1` does not,
-/// whether or not its `\n` has arrived yet.
+/// Input is copied once into a buffer; each complete line is a view of
+/// that buffer (no further copy), and what is left of a line not yet
+/// complete never grows beyond the limit. Twisted's `LineOnlyReceiver`
+/// (what Synapse uses) has the same limit: a line of `max` bytes passes,
+/// one of `max + 1` does not, whether or not its `\n` has arrived yet.
 ///
 /// Its [`Debug`](std::fmt::Debug) output shows how many bytes it holds,
 /// never the bytes (a line may carry an access token).
 pub(crate) struct Lines {
     max: usize,
-    /// The start of a line whose `\n` has not arrived, at most `max` bytes.
-    partial: BytesMut,
-    /// What is left of the chunk being split.
-    pending: Bytes,
+    /// Input not yet split: complete lines, then at most the start of one
+    /// whose `\n` has not arrived.
+    buffer: BytesMut,
+    /// Bytes at the start of `buffer` known to hold no `\n`.
+    scanned: usize,
 }
 
 impl std::fmt::Debug for Lines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lines")
             .field("max", &self.max)
-            .field("partial_bytes", &self.partial.len())
-            .field("pending_bytes", &self.pending.len())
+            .field("buffered_bytes", &self.buffer.len())
             .finish()
     }
 }
@@ -40,68 +40,52 @@ impl Lines {
     pub(crate) fn new(max: usize) -> Lines {
         Lines {
             max,
-            partial: BytesMut::new(),
-            pending: Bytes::new(),
+            buffer: BytesMut::new(),
+            scanned: 0,
         }
     }
 
-    /// Starts splitting `data`; call [`Lines::next_line`] until `None`
-    /// before pushing the next chunk (if not, the chunks are joined).
-    pub(crate) fn push(&mut self, data: Bytes) {
-        if self.pending.is_empty() {
-            self.pending = data;
-        } else {
-            let mut joined = BytesMut::with_capacity(self.pending.len() + data.len());
-            joined.extend_from_slice(&self.pending);
-            joined.extend_from_slice(&data);
-            self.pending = joined.freeze();
-        }
+    /// Adds `data` to split; call [`Lines::next_line`] until `None`.
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        self.buffer.extend_from_slice(data);
     }
 
-    /// The next complete line of the chunk, or `None` when the chunk is
-    /// used up (its tail, if any, is kept for the next chunk).
+    /// The next complete line, or `None` when only the start of one (at
+    /// most `max` bytes) is left.
     ///
     /// After an error nothing is buffered any more; the caller closes.
     pub(crate) fn next_line(&mut self) -> Result<Option<Bytes>, LineTooLong> {
-        if self.pending.is_empty() {
-            return Ok(None);
-        }
-        match self.pending.iter().position(|b| *b == b'\n') {
-            Some(end) => {
-                let mut line = self.pending.split_to(end + 1);
-                line.truncate(end);
-                if self.partial.is_empty() {
-                    if line.len() > self.max {
-                        return Err(self.fail());
-                    }
-                    return Ok(Some(line));
-                }
-                if self.partial.len() + line.len() > self.max {
+        let unscanned = self.buffer.get(self.scanned..).unwrap_or_default();
+        match unscanned.iter().position(|b| *b == b'\n') {
+            Some(at) => {
+                let end = self.scanned + at;
+                self.scanned = 0;
+                if end > self.max {
                     return Err(self.fail());
                 }
-                self.partial.extend_from_slice(&line);
-                Ok(Some(self.partial.split().freeze()))
+                let mut line = self.buffer.split_to(end + 1);
+                line.truncate(end);
+                Ok(Some(line.freeze()))
             }
             None => {
-                if self.partial.len() + self.pending.len() > self.max {
+                if self.buffer.len() > self.max {
                     return Err(self.fail());
                 }
-                self.partial.extend_from_slice(&self.pending);
-                self.pending = Bytes::new();
+                self.scanned = self.buffer.len();
                 Ok(None)
             }
         }
     }
 
-    /// Bytes held for a line not yet complete.
+    /// Bytes held for a line not yet complete (or not yet taken).
     pub(crate) fn buffered(&self) -> usize {
-        self.partial.len()
+        self.buffer.len()
     }
 
-    /// Drops everything: what is left of the chunk and the partial line.
+    /// Drops everything buffered.
     pub(crate) fn clear(&mut self) {
-        self.partial = BytesMut::new();
-        self.pending = Bytes::new();
+        self.buffer = BytesMut::new();
+        self.scanned = 0;
     }
 
     fn fail(&mut self) -> LineTooLong {
@@ -115,7 +99,7 @@ mod tests {
     use super::*;
 
     fn split(lines: &mut Lines, data: &[u8]) -> Result<Vec<Vec<u8>>, LineTooLong> {
-        lines.push(Bytes::copy_from_slice(data));
+        lines.push(data);
         let mut out = Vec::new();
         while let Some(line) = lines.next_line()? {
             out.push(line.to_vec());
@@ -143,12 +127,16 @@ mod tests {
     }
 
     #[test]
-    fn complete_lines_are_not_copied() {
-        let chunk = Bytes::from_static(b"A 1\nB 2\n");
+    fn lines_are_views_of_one_buffer() {
         let mut lines = Lines::new(64);
-        lines.push(chunk.clone());
+        lines.push(b"A 1\nB 2\nC");
         let first = lines.next_line().unwrap().unwrap();
-        assert_eq!(first.as_ptr(), chunk.as_ptr());
+        let second = lines.next_line().unwrap().unwrap();
+        assert_eq!((&first[..], &second[..]), (&b"A 1"[..], &b"B 2"[..]));
+        // Both point into the same allocation, one after the other.
+        assert_eq!(second.as_ptr() as usize, first.as_ptr() as usize + 4);
+        assert_eq!(lines.next_line(), Ok(None));
+        assert_eq!(lines.buffered(), 1);
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! Layer 4, sessions: sans-IO state machines that combine the wire codec
 //! and the replication core with a transport's connection rules.
 //!
-//! This module holds the direct TCP transport: [`ClientSession`] (a worker
-//! following a server's streams) and [`ServerSession`] (a process serving
-//! the streams it writes to many clients). They take bytes and the current
-//! time in and give back events, bytes to write and the next deadline; they
-//! open no socket, read no clock and spawn no task. The async drivers in
+//! Over Redis, [`RedisSession`] is one process's pair of connections
+//! (subscriber and publisher, or one RESP3 connection). Over direct TCP,
+//! [`ClientSession`] is a worker following a server's streams and
+//! [`ServerSession`] a process serving the streams it writes to many
+//! clients. They take bytes and the current time in and give back events,
+//! bytes to write and the next deadline; they open no socket, read no
+//! clock and spawn no task. The async drivers in
 //! [`transport`](crate::transport) move their bytes over real sockets.
+//!
+//! Every session takes input the same way: `handle_input(<which
+//! connection>, &bytes, now)` (a [`ClientSession`] has one connection, so
+//! it takes no first argument), and `handle_timeout(now)`. After each,
+//! drain `poll_transmit`, then `poll_event`, then read `poll_timeout`.
 //!
 //! Two sessions can talk through memory, which is how this crate tests
 //! them:
@@ -38,11 +45,11 @@
 //!     loop {
 //!         let mut moved = false;
 //!         while let Some(bytes) = client.poll_transmit() {
-//!             server.handle_input(id, bytes, now);
+//!             server.handle_input(id, &bytes, now);
 //!             moved = true;
 //!         }
 //!         while let Some(bytes) = server.poll_transmit(id) {
-//!             client.handle_input(bytes, now);
+//!             client.handle_input(&bytes, now);
 //!             moved = true;
 //!         }
 //!         if !moved {

@@ -742,7 +742,7 @@ impl ClientSession {
     /// Handles bytes received, in any chunks: lines may be split anywhere.
     /// Ignored when not connected or closing. Timers due at `now` are
     /// handled too.
-    pub fn handle_input(&mut self, data: Bytes, now: Instant) {
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) {
         let now = self.tick(now);
         if let Some(conn) = self.conn.as_mut() {
             if conn.is_open() {
@@ -1142,7 +1142,7 @@ impl ServerSession {
 
     /// Handles bytes a client sent, in any chunks. Input for an unknown or
     /// closing client is ignored. Timers due at `now` are handled too.
-    pub fn handle_input(&mut self, client: ClientId, data: Bytes, now: Instant) {
+    pub fn handle_input(&mut self, client: ClientId, data: &[u8], now: Instant) {
         let now = self.tick(now);
         if let Some(c) = self.clients.get_mut(&client) {
             if c.conn.is_open() {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::io::{AsyncRead, AsyncWrite};
 use futures::task::{ArcWake, AtomicWaker, waker_ref};
 
@@ -170,25 +170,6 @@ impl Link {
             progress,
             drained: !self.unflushed,
         })
-    }
-
-    /// Reads once into `buffer`: `Some(bytes)`, `None` at the end of the
-    /// stream, or `Pending` (as [`Link::poll_read_into`]).
-    pub(super) fn poll_read(
-        &mut self,
-        cx: &mut Context<'_>,
-        buffer: &mut BytesMut,
-        size: usize,
-    ) -> Poll<io::Result<Option<Bytes>>> {
-        if buffer.len() < size {
-            buffer.resize(size, 0);
-        }
-        match self.poll_read_into(cx, &mut buffer[..]) {
-            Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
-            Poll::Ready(Ok(n)) => Poll::Ready(Ok(Some(buffer.split_to(n).freeze()))),
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending => Poll::Pending,
-        }
     }
 
     /// Reads once into `buffer`: the number of bytes read, 0 at the end of

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::BytesMut;
 use futures::channel::mpsc;
 use futures::stream::StreamExt;
 
@@ -174,7 +173,7 @@ pub struct TcpServer<R: Runtime> {
     links: BTreeMap<ClientId, ServerLink>,
     events: VecDeque<TcpServerEvent>,
     timer: Timer,
-    read_buffer: BytesMut,
+    read_buffer: Vec<u8>,
     options: TcpServerConfig,
     accept_pause: Option<BoxFuture<'static, ()>>,
     refused: u64,
@@ -214,7 +213,7 @@ impl<R: Runtime> TcpServer<R> {
             links: BTreeMap::new(),
             events: VecDeque::new(),
             timer: Timer::new(),
-            read_buffer: BytesMut::new(),
+            read_buffer: Vec::new(),
             options,
             accept_pause: None,
             refused: 0,
@@ -361,12 +360,20 @@ impl<R: Runtime> TcpServer<R> {
                 }
                 continue;
             }
-            match link.poll_read(cx, &mut self.read_buffer, self.options.read_buffer) {
-                Poll::Ready(Ok(Some(bytes))) => {
-                    session.handle_input(client, bytes, now);
+            let size = self.options.read_buffer.max(1);
+            if self.read_buffer.len() < size {
+                self.read_buffer.resize(size, 0);
+            }
+            match link.poll_read_into(cx, &mut self.read_buffer) {
+                Poll::Ready(Ok(0)) => gone.push((client, Disconnect::Closed)),
+                Poll::Ready(Ok(n)) => {
+                    session.handle_input(
+                        client,
+                        self.read_buffer.get(..n).unwrap_or_default(),
+                        now,
+                    );
                     progress = true;
                 }
-                Poll::Ready(Ok(None)) => gone.push((client, Disconnect::Closed)),
                 Poll::Ready(Err(error)) => gone.push((client, Disconnect::Io(error))),
                 Poll::Pending => {}
             }
@@ -782,7 +789,7 @@ pub struct TcpClient<R: Runtime> {
     catch_ups: CatchUps,
     backoff: Backoff,
     timer: Timer,
-    read_buffer: BytesMut,
+    read_buffer: Vec<u8>,
     commands: CommandQueue,
     sender: CommandSender,
 }
@@ -832,7 +839,7 @@ impl<R: Runtime> TcpClient<R> {
             state: ClientState::Start,
             events: VecDeque::new(),
             timer: Timer::new(),
-            read_buffer: BytesMut::new(),
+            read_buffer: Vec::new(),
             commands,
             sender,
         }
@@ -1103,15 +1110,16 @@ impl<R: Runtime> TcpClient<R> {
                 return true;
             }
         } else {
-            match live
-                .link
-                .poll_read(cx, &mut self.read_buffer, self.options.read_buffer)
-            {
-                Poll::Ready(Ok(Some(bytes))) => {
-                    session.handle_input(bytes, now);
+            let size = self.options.read_buffer.max(1);
+            if self.read_buffer.len() < size {
+                self.read_buffer.resize(size, 0);
+            }
+            match live.link.poll_read_into(cx, &mut self.read_buffer) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    session.handle_input(self.read_buffer.get(..n).unwrap_or_default(), now);
                     progress = true;
                 }
-                Poll::Ready(Ok(None)) => {
+                Poll::Ready(Ok(_)) => {
                     self.lost(Disconnect::Closed, now);
                     return true;
                 }

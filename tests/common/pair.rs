@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{
     ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession,
@@ -156,14 +155,14 @@ impl Pair {
                 if self.server_reads && !self.client_frozen {
                     while let Some(bytes) = self.client.poll_transmit() {
                         log(&mut self.to_server, self.now - self.start, &bytes);
-                        self.server.handle_input(id, bytes, self.now);
+                        self.server.handle_input(id, &bytes, self.now);
                         moved = true;
                     }
                 }
                 if self.client_reads && !self.server_frozen {
                     while let Some(bytes) = self.server.poll_transmit(id) {
                         log(&mut self.to_client, self.now - self.start, &bytes);
-                        self.client.handle_input(bytes, self.now);
+                        self.client.handle_input(&bytes, self.now);
                         moved = true;
                     }
                 }
@@ -254,16 +253,14 @@ impl Pair {
 
     /// Injects raw bytes into the client, as if the server had sent them.
     pub fn inject_to_client(&mut self, bytes: &[u8]) {
-        self.client
-            .handle_input(Bytes::copy_from_slice(bytes), self.now);
+        self.client.handle_input(bytes, self.now);
         self.drive();
     }
 
     /// Injects raw bytes into the server, as if the client had sent them.
     pub fn inject_to_server(&mut self, bytes: &[u8]) {
         let id = self.id.expect("connected");
-        self.server
-            .handle_input(id, Bytes::copy_from_slice(bytes), self.now);
+        self.server.handle_input(id, bytes, self.now);
         self.drive();
     }
 
