@@ -6,6 +6,7 @@ pub mod pair;
 #[cfg(unix)]
 pub mod redis_server;
 pub mod synapse;
+pub mod transcripts;
 
 use std::path::PathBuf;
 
