@@ -4,21 +4,22 @@
 //! does. A virtual clock (an `Instant` plus offsets) drives the timers: no
 //! sockets, no sleeps.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
-use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, RowSource, Writer};
+use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowSource};
 use synapse_replication::resp::{self, Frame, Limits, RespError};
 use synapse_replication::session::RedisLink::{Publisher, Subscriber};
 use synapse_replication::session::{
     RedisAuth, RedisError, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
 };
 use synapse_replication::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
-const PREFIX: &str = "example.com";
+use common::redis_session::{PREFIX, redis_session};
+
 const USER_IP_CHANNEL: &str = "example.com/USER_IP";
 const TYPING_ROW: &str = r#"["!room:example.com",["@alice:example.com"]]"#;
 
@@ -208,19 +209,6 @@ fn plain_options() -> RedisSessionConfig {
     options
 }
 
-fn registry() -> Arc<StreamWriters> {
-    Arc::new(StreamWriters::default().with_redis(true))
-}
-
-/// `worker1`: follows what `master` writes, writes `caches` (every process
-/// does with Redis), whose token is 7.
-fn session(options: RedisSessionConfig) -> RedisSession {
-    let follower = Follower::new(InstanceName::from("worker1"), registry());
-    let mut writer = Writer::new(InstanceName::from("worker1"), registry());
-    writer.advance(&StreamName::Caches, Token(7)).unwrap();
-    RedisSession::new(options, follower, writer)
-}
-
 struct Rig {
     start: Instant,
     now: Instant,
@@ -237,7 +225,7 @@ struct Rig {
 
 impl Rig {
     fn new(options: RedisSessionConfig) -> Rig {
-        Rig::with_session(session(options))
+        Rig::with_session(redis_session(options))
     }
 
     fn with_session(session: RedisSession) -> Rig {

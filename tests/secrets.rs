@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::redis_server::RedisServer;
+use common::redis_session::{PREFIX, redis_session, registry};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
@@ -38,7 +39,6 @@ use synapse_replication::writers::StreamWriters;
 
 const PASSWORD: &str = "hunter2-password";
 const TOKEN: &str = "syt_secret_token";
-const PREFIX: &str = "example.com";
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// `{:?}` and `{:#?}` of `value` show neither secret.
@@ -82,19 +82,6 @@ fn auth(username: Option<&str>) -> RedisAuth {
         username: username.map(str::to_owned),
         password: PASSWORD.to_owned(),
     }
-}
-
-fn registry() -> Arc<StreamWriters> {
-    Arc::new(StreamWriters::default().with_redis(true))
-}
-
-fn redis_session(options: RedisSessionConfig) -> RedisSession {
-    let me = InstanceName::from("worker1");
-    let mut writer = Writer::new(me.clone(), registry());
-    writer
-        .advance(&StreamName::Caches, Token(7))
-        .expect("caches advances");
-    RedisSession::new(options, Follower::new(me, registry()), writer)
 }
 
 fn bulk(text: &str) -> String {

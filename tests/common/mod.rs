@@ -5,6 +5,7 @@
 pub mod pair;
 #[cfg(unix)]
 pub mod redis_server;
+pub mod redis_session;
 pub mod synapse;
 pub mod transcripts;
 
