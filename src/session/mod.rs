@@ -95,10 +95,13 @@
 //! were not checked. The transport remains the simplest way for Rust
 //! processes to replicate to each other without a broker.
 
+mod error;
 mod lines;
 mod redis;
 mod stats;
 mod tcp;
+
+pub use error::SendError;
 
 pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
@@ -116,6 +119,6 @@ pub type TcpConfig = TcpSessionConfig;
 #[deprecated(note = "renamed to RedisErrorReply")]
 pub type ServerError = RedisErrorReply;
 pub use tcp::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, SendError, ServerEvent, ServerSession,
-    TcpError, TcpSessionConfig,
+    ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession, TcpError,
+    TcpSessionConfig,
 };
