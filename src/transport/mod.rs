@@ -211,6 +211,8 @@ macro_rules! fmt_follower {
 mod catch_ups;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
+#[cfg(feature = "http-server")]
+mod http_serve;
 mod redis;
 mod redis_config;
 mod runtime;
@@ -234,6 +236,11 @@ pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
+#[cfg(feature = "http-server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
+pub use http_serve::{
+    HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters,
+};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
 pub use redis_config::{
     RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig, TlsConfig,

@@ -1,0 +1,914 @@
+//! Serving catch-up over Synapse's HTTP endpoint (feature `http-server`):
+//! [`HttpServer`], the writer's side of `HttpCatchUp`, so that Synapse's
+//! own processes can fetch what a Rust writer wrote.
+//!
+//! The request is read and answered by the sans-IO
+//! [`CatchUpEndpoint`]; rows come from a [`CatchUpSource`] (an in-memory
+//! [`History`](crate::positions::History), or the application's store).
+//! HTTP/1.1 is hyper's server, run over a [`Runtime`] listener with no
+//! executor: connections are polled by [`HttpServer::run`] itself, so it
+//! works on smol and tokio alike.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{self, Either};
+use futures::io::{AsyncRead, AsyncWrite};
+use futures::stream::{FuturesUnordered, StreamExt};
+use hyper::body::{Body, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::rt::ReadBufCursor;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+
+use crate::positions::{
+    CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
+};
+
+use super::CatchUpSource;
+use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+
+/// The size of the buffer bytes are read into before hyper copies them.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// hyper's smallest read buffer.
+const MIN_BUFFER: usize = 8192;
+
+/// How long a refused connection may take to hear its 503.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Limits of an [`HttpServer`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpServerConfig {
+    /// The largest request, headers and body together, in bytes (64 KiB;
+    /// at least 8 KiB, hyper's smallest buffer). Longer headers end the
+    /// connection (hyper answers 431); a longer body is answered 413.
+    pub max_request_bytes: usize,
+    /// Requests served at once (64). A connection beyond it is answered
+    /// 503 at once and closed; beyond twice it, closed unanswered. Each
+    /// connection carries one request (`Connection: close`).
+    pub max_concurrent: usize,
+    /// How long one request may take, from accepting its connection to
+    /// the last byte of the answer (30 s). A source that has not answered
+    /// by then is answered 504; a client still sending or reading then is
+    /// cut off.
+    pub request_timeout: Duration,
+    /// After accepting fails (too many open files...), wait this long
+    /// before accepting again (100 ms).
+    pub accept_pause: Duration,
+}
+
+impl Default for HttpServerConfig {
+    fn default() -> Self {
+        HttpServerConfig {
+            max_request_bytes: 64 << 10,
+            max_concurrent: 64,
+            request_timeout: Duration::from_secs(30),
+            accept_pause: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A request for a route other than the catch-up endpoint, handed to the
+/// application's handler (see [`HttpServer::with_handler`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct HttpRequest {
+    /// `GET`, `PUT`...
+    pub method: String,
+    /// The path as received, still percent-encoded.
+    pub path: String,
+    /// The query, after the `?`.
+    pub query: Option<String>,
+    /// The headers, names in lower case, in the order received.
+    pub headers: Vec<(String, Bytes)>,
+    /// The body, whole (at most [`HttpServerConfig::max_request_bytes`]).
+    pub body: Bytes,
+    /// Who sent it.
+    pub peer: SocketAddr,
+}
+
+impl HttpRequest {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_ref())
+    }
+}
+
+/// The answer of the application's handler: a status and a JSON body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpResponse {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body, sent as `application/json`.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// An answer with this status and JSON body.
+    pub fn new(status: u16, body: impl Into<String>) -> HttpResponse {
+        HttpResponse {
+            status,
+            body: body.into(),
+        }
+    }
+
+    /// A Matrix error answer: `{"errcode":"...","error":"..."}`.
+    pub fn error(status: u16, errcode: &str, message: &str) -> HttpResponse {
+        let body = serde_json::json!({"errcode": errcode, "error": message}).to_string();
+        HttpResponse::new(status, body)
+    }
+}
+
+/// The application's handler of other routes.
+type Handler = dyn Fn(HttpRequest) -> BoxFuture<'static, HttpResponse> + Send + Sync;
+
+/// What an [`HttpServer`] did so far; a handle that stays readable while
+/// the server runs (clone it before [`HttpServer::run`]).
+#[derive(Clone, Debug, Default)]
+pub struct HttpServerCounters {
+    inner: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    pages: AtomicU64,
+    refused_secret: AtomicU64,
+    bad_requests: AtomicU64,
+    failed: AtomicU64,
+    busy: AtomicU64,
+    handled: AtomicU64,
+}
+
+impl HttpServerCounters {
+    /// Catch-up pages answered (200).
+    pub fn pages(&self) -> u64 {
+        self.inner.pages.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused for a missing or wrong secret (401).
+    pub fn refused_secret(&self) -> u64 {
+        self.inner.refused_secret.load(Ordering::Relaxed)
+    }
+
+    /// Other refused requests (400, 404, 405, 413).
+    pub fn bad_requests(&self) -> u64 {
+        self.inner.bad_requests.load(Ordering::Relaxed)
+    }
+
+    /// Catch-ups the source failed or did not answer in time (500, 504).
+    pub fn failed(&self) -> u64 {
+        self.inner.failed.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused beyond [`HttpServerConfig::max_concurrent`]
+    /// (503, or closed).
+    pub fn busy(&self) -> u64 {
+        self.inner.busy.load(Ordering::Relaxed)
+    }
+
+    /// Requests given to the application's handler.
+    pub fn handled(&self) -> u64 {
+        self.inner.handled.load(Ordering::Relaxed)
+    }
+}
+
+/// Serves Synapse's catch-up endpoint for one instance, from a
+/// [`CatchUpSource`]: what Synapse's processes call on a writer they
+/// follow (its `instance_map` address).
+///
+/// Plain HTTP/1.1 only: Synapse's replication listeners are plain HTTP
+/// unless an `instance_map` entry says `tls: true`, and a TLS listener
+/// would need certificate and key loading this crate does not carry. Put
+/// it on a private network, or behind a TLS-terminating proxy.
+///
+/// Bounded: requests of at most [`HttpServerConfig::max_request_bytes`],
+/// at most [`HttpServerConfig::max_concurrent`] at once (503 beyond), each
+/// within [`HttpServerConfig::request_timeout`]; one request per
+/// connection. The `Host` header is not read (Synapse sends
+/// `Host: <instance_name>:80`). Other paths answer 404, or go to the
+/// application's handler ([`HttpServer::with_handler`]).
+///
+/// ```no_run
+/// # #[cfg(feature = "runtime-smol")]
+/// # fn main() -> std::io::Result<()> {
+/// use std::sync::{Arc, Mutex};
+/// use synapse_replication::positions::{CatchUpEndpoint, History, HistoryMode};
+/// use synapse_replication::transport::{HttpServer, SmolRuntime};
+/// use synapse_replication::wire::{InstanceName, StreamName};
+///
+/// let history = Arc::new(Mutex::new(
+///     History::new(1000).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 }),
+/// ));
+/// let endpoint = CatchUpEndpoint::new(InstanceName::from("typing1"), Some("secret".into()))
+///     .with_streams([StreamName::Typing]);
+/// smol::block_on(async {
+///     let server = HttpServer::bind(SmolRuntime, "127.0.0.1:9093", endpoint, history.clone()).await?;
+///     // Record rows in `history` as they are written; Synapse fetches them.
+///     server.run().await;
+///     Ok(())
+/// })
+/// # }
+/// # #[cfg(not(feature = "runtime-smol"))]
+/// # fn main() {}
+/// ```
+pub struct HttpServer<R: Runtime> {
+    runtime: Arc<R>,
+    listener: Box<dyn Listener>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    endpoint: CatchUpEndpoint,
+    source: Arc<dyn CatchUpSource>,
+    handler: Option<Arc<Handler>>,
+    config: HttpServerConfig,
+    counters: HttpServerCounters,
+}
+
+impl<R: Runtime> fmt::Debug for HttpServer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("endpoint", &self.shared.endpoint)
+            .field("config", &self.shared.config)
+            .field("counters", &self.shared.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> HttpServer<R> {
+    /// Listens on `addr` (`host:port`; port 0 picks one).
+    pub async fn bind(
+        runtime: R,
+        addr: &str,
+        endpoint: CatchUpEndpoint,
+        source: Arc<dyn CatchUpSource>,
+    ) -> io::Result<HttpServer<R>> {
+        let listener = runtime.listen(addr).await?;
+        Ok(HttpServer::from_listener(
+            runtime, listener, endpoint, source,
+        ))
+    }
+
+    /// Serves on a listener already bound.
+    pub fn from_listener(
+        runtime: R,
+        listener: Box<dyn Listener>,
+        endpoint: CatchUpEndpoint,
+        source: Arc<dyn CatchUpSource>,
+    ) -> HttpServer<R> {
+        HttpServer {
+            runtime: Arc::new(runtime),
+            listener,
+            shared: Arc::new(Shared {
+                endpoint,
+                source,
+                handler: None,
+                config: HttpServerConfig::default(),
+                counters: HttpServerCounters::default(),
+            }),
+        }
+    }
+
+    /// With these limits.
+    #[must_use]
+    pub fn with_config(mut self, config: HttpServerConfig) -> HttpServer<R> {
+        self.shared_mut(|shared| shared.config = config);
+        self
+    }
+
+    /// Requests for any other path go to `handler` (an application's own
+    /// routes on the same listener), with their body read whole; without
+    /// one they answer 404 as Synapse does.
+    #[must_use]
+    pub fn with_handler<F>(mut self, handler: F) -> HttpServer<R>
+    where
+        F: Fn(HttpRequest) -> BoxFuture<'static, HttpResponse> + Send + Sync + 'static,
+    {
+        self.shared_mut(|shared| shared.handler = Some(Arc::new(handler)));
+        self
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// What the server did so far (a handle: it can be read while
+    /// [`run`](HttpServer::run) runs).
+    pub fn counters(&self) -> HttpServerCounters {
+        self.shared.counters.clone()
+    }
+
+    fn shared_mut(&mut self, change: impl FnOnce(&mut Shared)) {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            change(shared);
+        }
+    }
+
+    /// Accepts and serves connections, until dropped. Accept errors are
+    /// logged and accepting resumes after
+    /// [`HttpServerConfig::accept_pause`].
+    pub async fn run(self) {
+        let HttpServer {
+            runtime,
+            mut listener,
+            shared,
+        } = self;
+        let active = Arc::new(AtomicUsize::new(0));
+        let mut connections: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+        let mut refusals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+        let mut pause: Option<BoxFuture<'static, ()>> = None;
+        let mut accepted: VecDeque<(BoxConnection, SocketAddr)> = VecDeque::new();
+        poll_fn(|cx| {
+            loop {
+                while let Poll::Ready(Some(())) = connections.poll_next_unpin(cx) {}
+                while let Poll::Ready(Some(())) = refusals.poll_next_unpin(cx) {}
+                if let Some(sleep) = &mut pause {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    pause = None;
+                }
+                match listener.poll_accept(cx) {
+                    Poll::Pending => {}
+                    Poll::Ready(Ok(connection)) => accepted.push_back(connection),
+                    Poll::Ready(Err(error)) => {
+                        tracing::warn!(%error, "replication HTTP server: accept failed");
+                        let deadline = runtime.now() + shared.config.accept_pause;
+                        pause = Some(runtime.sleep_until(deadline));
+                        continue;
+                    }
+                }
+                let Some((socket, peer)) = accepted.pop_front() else {
+                    return Poll::Pending;
+                };
+                let max = shared.config.max_concurrent;
+                if active.load(Ordering::Relaxed) < max {
+                    active.fetch_add(1, Ordering::Relaxed);
+                    let done = Arc::clone(&active);
+                    let work = serve(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
+                    connections.push(Box::pin(async move {
+                        work.await;
+                        done.fetch_sub(1, Ordering::Relaxed);
+                    }));
+                } else {
+                    shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, "replication HTTP server busy: refusing");
+                    if refusals.len() < max {
+                        refusals.push(Box::pin(refuse(Arc::clone(&runtime), socket)));
+                    }
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// One connection: one request, within the time limit.
+async fn serve<R: Runtime>(
+    runtime: Arc<R>,
+    shared: Arc<Shared>,
+    socket: BoxConnection,
+    peer: SocketAddr,
+) {
+    let deadline = runtime.now() + shared.config.request_timeout;
+    let max_buf = shared.config.max_request_bytes.max(MIN_BUFFER);
+    let service = {
+        let runtime = Arc::clone(&runtime);
+        service_fn(move |request| {
+            let shared = Arc::clone(&shared);
+            let runtime = Arc::clone(&runtime);
+            async move {
+                let answer = shared.answer(&*runtime, request, peer, deadline).await;
+                Ok::<_, Infallible>(response(answer))
+            }
+        })
+    };
+    let connection = http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(max_buf)
+        .max_headers(100)
+        .serve_connection(Io::new(socket), service);
+    let connection = pin!(connection);
+    // A little longer than the answer's own deadline, to send a 504.
+    let cut = runtime.sleep_until(deadline + Duration::from_secs(1));
+    match future::select(connection, cut).await {
+        Either::Left((Err(error), _)) => {
+            tracing::debug!(%peer, %error, "replication HTTP connection failed")
+        }
+        Either::Left((Ok(()), _)) => {}
+        Either::Right(((), _)) => tracing::debug!(%peer, "replication HTTP connection timed out"),
+    }
+}
+
+/// A connection beyond the limit: 503, then closed.
+async fn refuse<R: Runtime>(runtime: Arc<R>, socket: BoxConnection) {
+    let service = service_fn(|_request| async {
+        Ok::<_, Infallible>(response((
+            503,
+            HttpResponse::error(503, "M_UNKNOWN", "Too many requests in flight").body,
+        )))
+    });
+    let connection = http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(MIN_BUFFER)
+        .serve_connection(Io::new(socket), service);
+    let cut = runtime.sleep_until(runtime.now() + REFUSAL_TIMEOUT);
+    let _ = future::select(pin!(connection), cut).await;
+}
+
+/// The answer as hyper sends it: JSON, never cached.
+fn response((status, body): (u16, String)) -> hyper::Response<String> {
+    let mut response = hyper::Response::new(body);
+    *response.status_mut() =
+        hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-store, must-revalidate"),
+    );
+    response
+}
+
+impl Shared {
+    /// The status and body for one request.
+    async fn answer<R: Runtime>(
+        &self,
+        runtime: &R,
+        request: hyper::Request<Incoming>,
+        peer: SocketAddr,
+        deadline: Instant,
+    ) -> (u16, String) {
+        let counts = &self.counters.inner;
+        let routed = {
+            let uri = request.uri();
+            let authorization = request
+                .headers()
+                .get_all(header::AUTHORIZATION)
+                .iter()
+                .map(HeaderValue::as_bytes);
+            self.endpoint.route(
+                request.method().as_str(),
+                uri.path(),
+                uri.query(),
+                authorization,
+            )
+        };
+        let request_out = match routed {
+            Ok(Routed::Answer(page)) => {
+                counts.pages.fetch_add(1, Ordering::Relaxed);
+                return (200, page_body(&page));
+            }
+            Ok(Routed::Fetch(request)) => request,
+            Err(EndpointError::NotFound) if self.handler.is_some() => {
+                return self.handle(runtime, request, peer, deadline).await;
+            }
+            Err(error) => {
+                let counter = match error {
+                    EndpointError::MissingAuthorization
+                    | EndpointError::TooManyAuthorizations
+                    | EndpointError::InvalidAuthorization => &counts.refused_secret,
+                    _ => &counts.bad_requests,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%peer, path = request.uri().path(), %error, "refused replication request");
+                return (error.status(), error.body());
+            }
+        };
+        tracing::debug!(%peer, request = %request_out, "catch-up request");
+        let fetch = self.source.fetch(request_out.clone());
+        let sleep = runtime.sleep_until(deadline);
+        match future::select(fetch, sleep).await {
+            Either::Left((Ok(page), _)) => {
+                counts.pages.fetch_add(1, Ordering::Relaxed);
+                (200, page_body(&page))
+            }
+            Either::Left((Err(error), _)) => {
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, request = %request_out, %error, "catch-up source failed");
+                (500, internal_error_body())
+            }
+            Either::Right(((), _)) => {
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, request = %request_out, "catch-up source timed out");
+                (504, HttpResponse::error(504, "M_UNKNOWN", "Timed out").body)
+            }
+        }
+    }
+
+    /// Another route: the application's handler, with the body read whole.
+    async fn handle<R: Runtime>(
+        &self,
+        runtime: &R,
+        request: hyper::Request<Incoming>,
+        peer: SocketAddr,
+        deadline: Instant,
+    ) -> (u16, String) {
+        let Some(handler) = &self.handler else {
+            return (404, EndpointError::NotFound.body());
+        };
+        let counts = &self.counters.inner;
+        let (parts, mut body) = request.into_parts();
+        let cap = self.config.max_request_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        let too_large = || {
+            counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+            let answer = HttpResponse::error(413, "M_TOO_LARGE", "Request body too large");
+            (answer.status, answer.body)
+        };
+        if declared.is_some_and(|len| len > cap as u64) {
+            return too_large();
+        }
+        let body = match collect(&mut body, cap).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return too_large(),
+            Err(error) => {
+                counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, %error, "reading a request body failed");
+                let answer = HttpResponse::error(400, "M_BAD_JSON", "Unreadable body");
+                return (answer.status, answer.body);
+            }
+        };
+        let request = HttpRequest {
+            method: parts.method.as_str().to_owned(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().map(str::to_owned),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_owned(),
+                        Bytes::copy_from_slice(value.as_bytes()),
+                    )
+                })
+                .collect(),
+            body,
+            peer,
+        };
+        counts.handled.fetch_add(1, Ordering::Relaxed);
+        let work = handler(request);
+        match future::select(work, runtime.sleep_until(deadline)).await {
+            Either::Left((answer, _)) => (answer.status, answer.body),
+            Either::Right(((), _)) => {
+                let answer = HttpResponse::error(504, "M_UNKNOWN", "Timed out");
+                (answer.status, answer.body)
+            }
+        }
+    }
+}
+
+/// Reads `body` whole, if it is at most `cap` bytes (`None` if larger).
+async fn collect(body: &mut Incoming, cap: usize) -> Result<Option<Bytes>, hyper::Error> {
+    let mut bytes = BytesMut::new();
+    while let Some(frame) = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // trailers
+        };
+        if data.len() > cap - bytes.len() {
+            return Ok(None);
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(Some(bytes.freeze()))
+}
+
+/// hyper's I/O traits over a `futures::io` connection, through a buffer
+/// of our own (hyper's is uninitialised, and this crate forbids `unsafe`).
+struct Io {
+    inner: BoxConnection,
+    scratch: Box<[u8]>,
+}
+
+impl Io {
+    fn new(inner: BoxConnection) -> Io {
+        Io {
+            inner,
+            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+        }
+    }
+}
+
+impl hyper::rt::Read for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let len = buf.remaining().min(this.scratch.len());
+        let scratch = &mut this.scratch[..len];
+        let read = ready!(Pin::new(&mut this.inner).poll_read(cx, scratch))?;
+        buf.put_slice(&scratch[..read.min(len)]);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl hyper::rt::Write for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_close(cx)
+    }
+}
+
+#[cfg(all(test, feature = "runtime-smol", feature = "http-catch-up"))]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::positions::{CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode};
+    use crate::transport::{BoxError, HttpCatchUp, HttpCatchUpError, SmolRuntime};
+    use crate::wire::{InstanceName, RawRow, StreamName, Token};
+    use crate::writers::InstanceLocation;
+
+    const SECRET: &str = "s3cret";
+
+    fn history() -> Arc<Mutex<History>> {
+        let mut history =
+            History::new(100).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 });
+        for (token, row) in [
+            (1, r#"["!a:x",["@u:x"]]"#),
+            (2, r#"["!b:x",["@v:x"]]"#),
+            (3, r#"["!a:x",[]]"#),
+        ] {
+            history
+                .record(
+                    &StreamName::Typing,
+                    &InstanceName::from("rust1"),
+                    [(Token(token), RawRow::new(row).unwrap())],
+                )
+                .unwrap();
+        }
+        Arc::new(Mutex::new(history))
+    }
+
+    fn endpoint() -> CatchUpEndpoint {
+        CatchUpEndpoint::new(InstanceName::from("rust1"), Some(SECRET.into()))
+            .with_streams([StreamName::Typing])
+    }
+
+    /// Starts `server` on a background task; its address.
+    fn start(server: HttpServer<SmolRuntime>) -> SocketAddr {
+        let addr = server.local_addr().unwrap();
+        smol::spawn(server.run()).detach();
+        addr
+    }
+
+    async fn bind(source: Arc<dyn CatchUpSource>) -> HttpServer<SmolRuntime> {
+        HttpServer::bind(SmolRuntime, "127.0.0.1:0", endpoint(), source)
+            .await
+            .unwrap()
+    }
+
+    /// Sends `request` as is; the whole answer (the server closes).
+    async fn raw(addr: SocketAddr, request: &[u8]) -> String {
+        let mut socket = smol::net::TcpStream::connect(addr).await.unwrap();
+        socket.write_all(request).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = socket.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    fn request(from: i64, to: i64) -> CatchUpRequest {
+        CatchUpRequest {
+            id: CatchUpId::new(1),
+            stream: StreamName::Typing,
+            writer: InstanceName::from("rust1"),
+            from: Token(from),
+            to: Token(to),
+        }
+    }
+
+    fn client(addr: SocketAddr, secret: &str) -> HttpCatchUp<SmolRuntime> {
+        let port = addr.port();
+        HttpCatchUp::with_locator(
+            SmolRuntime,
+            move |_: &InstanceName| {
+                Some(InstanceLocation::Tcp {
+                    host: "127.0.0.1".into(),
+                    port,
+                    tls: false,
+                })
+            },
+            Some(secret.into()),
+        )
+    }
+
+    #[test]
+    fn the_crate_s_own_client_reads_what_the_server_answers() {
+        smol::block_on(async {
+            let history = history();
+            let server = bind(history.clone()).await;
+            let counters = server.counters();
+            let addr = start(server);
+            let page = client(addr, SECRET).fetch(request(0, 3)).await.unwrap();
+            let expected = history.lock().unwrap().answer(&request(0, 3), 100).unwrap();
+            assert_eq!(page, expected);
+            assert_eq!(page.updates.len(), 3);
+            // The same source, directly: what a Rust follower gets.
+            assert_eq!(history.fetch(request(0, 3)).await.unwrap(), page);
+
+            let error = client(addr, "wrong")
+                .fetch(request(0, 3))
+                .await
+                .unwrap_err();
+            let error = error.downcast::<HttpCatchUpError>().unwrap();
+            assert!(
+                matches!(*error, HttpCatchUpError::Status { status: 401, ref body, .. }
+                    if body.contains("Invalid Authorization header.")),
+                "{error}"
+            );
+            assert_eq!((counters.pages(), counters.refused_secret()), (1, 1));
+        });
+    }
+
+    #[test]
+    fn synapse_s_request_is_answered_whatever_its_host() {
+        smol::block_on(async {
+            let addr = start(bind(history()).await);
+            let answer = raw(
+                addr,
+                format!(
+                    "GET /_synapse/replication/get_repl_stream_updates/typing/AbCdEfGhIj?from_token=1&upto_token=3 HTTP/1.1\r\n\
+                     Host: rust1:80\r\nAuthorization: Bearer {SECRET}\r\nUser-Agent: Synapse/1.163.2\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+            assert!(
+                answer
+                    .to_ascii_lowercase()
+                    .contains("content-type: application/json")
+            );
+            assert!(
+                answer.ends_with(r#"{"updates":[[2,["!b:x",["@v:x"]]],[3,["!a:x",[]]]],"upto_token":3,"limited":false}"#),
+                "{answer}"
+            );
+            let answer = raw(
+                addr,
+                b"GET /_synapse/replication/get_repl_stream_updates/events/x?from_token=1&upto_token=3 HTTP/1.1\r\n\
+                  Host: x\r\nAuthorization: Bearer s3cret\r\n\r\n",
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+            assert!(answer.ends_with(r#"{"error":"Unknown stream","errcode":"M_UNKNOWN"}"#));
+            let answer = raw(addr, b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(answer.starts_with("HTTP/1.1 404 "), "{answer}");
+            let answer = raw(addr, b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            assert!(answer.contains("M_UNRECOGNIZED"), "{answer}");
+            let answer = raw(addr, b"not http at all\r\n\r\n").await;
+            assert!(
+                answer.is_empty() || answer.starts_with("HTTP/1.1 400"),
+                "{answer}"
+            );
+        });
+    }
+
+    #[test]
+    fn oversized_requests_are_refused() {
+        smol::block_on(async {
+            let server = bind(history()).await.with_config(HttpServerConfig {
+                max_request_bytes: 8192,
+                ..HttpServerConfig::default()
+            });
+            let server = server.with_handler(|request| {
+                Box::pin(async move { HttpResponse::new(200, format!("{}", request.body.len())) })
+            });
+            let addr = start(server);
+            let long = "a".repeat(20_000);
+            let answer = raw(
+                addr,
+                format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Long: {long}\r\n\r\n").as_bytes(),
+            )
+            .await;
+            assert!(
+                answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+                "{answer}"
+            );
+            let body = "b".repeat(9000);
+            let answer = raw(
+                addr,
+                format!(
+                    "PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+            let answer = raw(
+                addr,
+                b"PUT /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            )
+            .await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200 ") && answer.ends_with("\r\n3"),
+                "{answer}"
+            );
+        });
+    }
+
+    /// A source that answers its first fetch when told to, and never any
+    /// other.
+    struct Gate {
+        gate: Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl CatchUpSource for Gate {
+        async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let gate = self.gate.lock().unwrap().take();
+            match gate {
+                Some(gate) => {
+                    let _ = gate.await;
+                }
+                None => future::pending::<()>().await,
+            }
+            Ok(CatchUpPage {
+                updates: Vec::new(),
+                upto: request.to,
+                limited: false,
+            })
+        }
+    }
+
+    #[test]
+    fn beyond_the_limit_is_503_and_a_slow_source_504() {
+        smol::block_on(async {
+            let (open, gate) = futures::channel::oneshot::channel();
+            let source = Arc::new(Gate {
+                gate: Mutex::new(Some(gate)),
+                calls: AtomicUsize::new(0),
+            });
+            let server = bind(source.clone()).await.with_config(HttpServerConfig {
+                max_concurrent: 1,
+                request_timeout: Duration::from_millis(1500),
+                ..HttpServerConfig::default()
+            });
+            let counters = server.counters();
+            let addr = start(server);
+            let get = format!(
+                "GET /_synapse/replication/get_repl_stream_updates/typing/t?from_token=1&upto_token=3 HTTP/1.1\r\n\
+                 Host: x\r\nAuthorization: Bearer {SECRET}\r\n\r\n"
+            );
+            let first = smol::spawn({
+                let get = get.clone();
+                async move { raw(addr, get.as_bytes()).await }
+            });
+            while source.calls.load(Ordering::SeqCst) == 0 {
+                smol::Timer::after(Duration::from_millis(10)).await;
+            }
+            // The first is in flight: a second is refused.
+            let answer = raw(addr, get.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+            assert!(answer.contains("M_UNKNOWN"), "{answer}");
+            assert_eq!(counters.busy(), 1);
+            open.send(()).unwrap();
+            let answer = first.await;
+            assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+            // The gate is gone: the next fetch never answers.
+            let started = Instant::now();
+            let answer = raw(addr, get.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 504 "), "{answer}");
+            assert!(started.elapsed() >= Duration::from_millis(1400));
+            assert_eq!((counters.failed(), counters.pages()), (1, 1));
+        });
+    }
+}
