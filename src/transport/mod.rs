@@ -209,6 +209,7 @@ macro_rules! fmt_follower {
 }
 
 mod catch_ups;
+mod command_queue;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
 #[cfg(feature = "http-server")]
@@ -220,7 +221,8 @@ mod runtime;
 mod smol;
 mod socket;
 mod synapse_config;
-mod tcp;
+mod tcp_client;
+mod tcp_server;
 #[cfg(feature = "runtime-tokio")]
 mod tokio;
 
@@ -238,9 +240,7 @@ pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg(feature = "http-server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
-pub use http_serve::{
-    HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters,
-};
+pub use http_serve::{HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
 pub use redis_config::{
     RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig, TlsConfig,
@@ -260,10 +260,10 @@ pub type TcpClientOptions = TcpClientConfig;
 /// Renamed: one suffix for configuration across the crate.
 #[deprecated(note = "renamed to TcpServerConfig")]
 pub type TcpServerOptions = TcpServerConfig;
-pub use tcp::{
-    CommandSendError, CommandSender, Disconnect, TcpClient, TcpClientConfig, TcpClientEvent,
-    TcpServer, TcpServerConfig, TcpServerEvent,
-};
+pub use command_queue::{CommandSendError, CommandSender};
+pub use socket::Disconnect;
+pub use tcp_client::{TcpClient, TcpClientConfig, TcpClientEvent};
+pub use tcp_server::{TcpServer, TcpServerConfig, TcpServerEvent};
 #[cfg(feature = "runtime-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]
 pub use tokio::TokioRuntime;

@@ -20,11 +20,12 @@ use crate::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token}
 use crate::writers::WriterRegistry;
 
 use super::catch_ups::{CatchUps, StuckCatchUp};
+use super::command_queue::{CommandQueue, CommandSender};
 use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use super::socket::Disconnect;
 use super::socket::{Link, Timer};
 use super::synapse_config::SynapseConfig;
-use super::tcp::{CommandQueue, CommandSender, Disconnect};
 use super::{Backoff, BoxError, CatchUpSource};
 
 /// Passes of a driver's poll before it yields to the executor.
