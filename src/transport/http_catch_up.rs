@@ -8,7 +8,6 @@
 //! smol and tokio alike. The connection task is polled alongside the
 //! request, and each page uses a fresh connection.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::{Future, poll_fn};
@@ -17,7 +16,7 @@ use std::io;
 use std::path::Path;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 
@@ -33,7 +32,8 @@ use crate::positions::{CatchUpPage, CatchUpPageError, CatchUpRequest};
 use crate::wire::{InstanceName, StreamName, snippet};
 use crate::writers::{InstanceLocation, StreamWriters};
 
-use super::redis_config::{RedisConfig, TlsConfig};
+use super::dial::{self, TlsClient, TlsConfig};
+use super::redis_config::RedisEndpoint;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::synapse_config::SynapseConfig;
 use super::{BoxError, CatchUpSource};
@@ -111,34 +111,29 @@ pub struct HttpCatchUp<R: Runtime> {
     max_body: usize,
 }
 
-/// How `https` writers are reached: the TLS settings, and a connection
-/// configuration per writer address, so that certificates are loaded once.
+/// How `https` writers are reached: the TLS settings, and their client,
+/// whose certificates are loaded once for every writer.
 #[derive(Default)]
 struct Https {
     tls: TlsConfig,
-    configs: Mutex<HashMap<(String, u16), RedisConfig>>,
+    client: TlsClient,
 }
 
 impl Https {
-    /// A TLS connection to `host:port`, through the same connector as
+    /// A TLS connection to `host:port`, through the same dialer as
     /// Redis' (`rediss://`): the `tls` feature, rustls, always verified.
+    /// The request's own time limit bounds it.
     fn connect(
         &self,
         runtime: &dyn Runtime,
         host: &str,
         port: u16,
     ) -> BoxFuture<'static, io::Result<BoxConnection>> {
-        let config = {
-            let mut configs = self
-                .configs
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
-            configs
-                .entry((host.to_owned(), port))
-                .or_insert_with(|| RedisConfig::tcp(host, port).with_tls(self.tls.clone()))
-                .clone()
+        let endpoint = RedisEndpoint::Tcp {
+            host: host.to_owned(),
+            port,
         };
-        config.connect(runtime)
+        dial::connect(runtime, &endpoint, Some((&self.tls, &self.client)), None)
     }
 }
 
@@ -209,7 +204,7 @@ impl<R: Runtime> HttpCatchUp<R> {
     pub fn with_tls(mut self, tls: TlsConfig) -> HttpCatchUp<R> {
         self.https = Arc::new(Https {
             tls,
-            configs: Mutex::default(),
+            client: TlsClient::default(),
         });
         self
     }

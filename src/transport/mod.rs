@@ -210,6 +210,7 @@ macro_rules! fmt_follower {
 
 mod catch_ups;
 mod command_queue;
+mod dial;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
 #[cfg(feature = "http-server")]
@@ -235,6 +236,7 @@ pub use async_trait::async_trait;
 use crate::positions::{CatchUpPage, CatchUpRequest};
 
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
+pub use dial::TlsConfig;
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
@@ -242,9 +244,7 @@ pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
 pub use http_serve::{HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
-pub use redis_config::{
-    RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig, TlsConfig,
-};
+pub use redis_config::{RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig};
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]

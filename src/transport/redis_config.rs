@@ -1,22 +1,18 @@
 //! Where and how to reach Redis: [`RedisConfig`], read from a URL or from
-//! Synapse's `redis:` config section, and the connection it opens: TCP, a
-//! Unix socket, or TLS (feature `tls`).
+//! Synapse's `redis:` config section. The connection it opens is the
+//! dialer's (`dial.rs`): TCP, a Unix socket, or TLS (feature `tls`).
 
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-#[cfg(feature = "tls")]
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::dial::{self, TlsClient, TlsConfig};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use crate::session::RedisAuth;
-
-#[cfg(feature = "tls")]
-use futures_rustls::rustls::{self, ClientConfig};
 
 /// At most this many characters of a bad input are quoted in an error.
 const SNIPPET_CHARS: usize = 40;
@@ -118,7 +114,7 @@ pub enum RedisConfigError {
 }
 
 /// At most [`SNIPPET_CHARS`] characters of `text`, for an error message.
-fn snippet(text: &str) -> String {
+pub(super) fn snippet(text: &str) -> String {
     let mut chars = text.chars();
     let mut out: String = chars.by_ref().take(SNIPPET_CHARS).collect();
     if chars.next().is_some() {
@@ -145,7 +141,7 @@ pub enum RedisEndpoint {
 impl RedisEndpoint {
     /// `host:port`, with brackets around an IPv6 host, as
     /// [`Runtime::connect`] takes it.
-    fn tcp_address(host: &str, port: u16) -> String {
+    pub(super) fn tcp_address(host: &str, port: u16) -> String {
         if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -164,40 +160,6 @@ impl fmt::Display for RedisEndpoint {
             RedisEndpoint::Unix(path) => write!(f, "unix:{}", path.display()),
         }
     }
-}
-
-/// TLS to Redis (needs the crate's `tls` feature; rustls underneath).
-///
-/// The server's certificate is always verified, against the CAs of
-/// `ca_file`, or if none is given of `ca_path`, or if neither is given of
-/// the system's root store. (Synapse, through Twisted's default client
-/// context, does not verify it at all; a certificate Synapse accepts may
-/// need its CA given here.) A TLS connection never falls back to
-/// plaintext.
-///
-/// ```
-/// use synapse_replication::transport::TlsConfig;
-///
-/// let mut tls = TlsConfig::default();
-/// tls.ca_file = Some("/etc/redis/ca.crt".into());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct TlsConfig {
-    /// A PEM file of CA certificates to trust.
-    pub ca_file: Option<PathBuf>,
-    /// A directory of PEM files of CA certificates to trust (OpenSSL's
-    /// `CApath`; every certificate in its files is loaded). Ignored when
-    /// `ca_file` is set, as in Synapse.
-    pub ca_path: Option<PathBuf>,
-    /// A PEM file with the client certificate (and its chain), for a
-    /// server that asks for one (`tls-auth-clients`).
-    pub certificate_file: Option<PathBuf>,
-    /// A PEM file with the client certificate's private key.
-    pub private_key_file: Option<PathBuf>,
-    /// The name the server's certificate must carry, instead of the host
-    /// connected to.
-    pub server_name: Option<String>,
 }
 
 /// How to reach Redis: where, the credentials, the database, and TLS.
@@ -230,10 +192,9 @@ pub struct RedisConfig {
     database: Option<u32>,
     tls: Option<TlsConfig>,
     connect_timeout: Duration,
-    /// The rustls configuration, built on first use and shared by clones
-    /// (reset by [`RedisConfig::with_tls`]).
-    #[cfg(feature = "tls")]
-    tls_client: Arc<Mutex<Option<Arc<ClientConfig>>>>,
+    /// The TLS client, built on first use and shared by clones (reset by
+    /// [`RedisConfig::with_tls`]).
+    tls_client: TlsClient,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -284,8 +245,7 @@ impl RedisConfig {
             database: None,
             tls: None,
             connect_timeout: RedisConfig::DEFAULT_CONNECT_TIMEOUT,
-            #[cfg(feature = "tls")]
-            tls_client: Arc::default(),
+            tls_client: TlsClient::default(),
         }
     }
 
@@ -321,10 +281,7 @@ impl RedisConfig {
     #[must_use]
     pub fn with_tls(mut self, tls: TlsConfig) -> RedisConfig {
         self.tls = Some(tls);
-        #[cfg(feature = "tls")]
-        {
-            self.tls_client = Arc::default();
-        }
+        self.tls_client = TlsClient::default();
         self
     }
 
@@ -477,11 +434,7 @@ impl RedisConfig {
     /// loads, once, for all later connections). Call it at startup to
     /// report a bad configuration before the first connection attempt.
     pub fn prepare(&self) -> Result<(), RedisConfigError> {
-        match (&self.endpoint, &self.tls) {
-            (_, None) => Ok(()),
-            (RedisEndpoint::Unix(_), Some(_)) => Err(RedisConfigError::TlsOverUnix),
-            (RedisEndpoint::Tcp { host, .. }, Some(tls)) => self.tls_setup(host, tls).map(drop),
-        }
+        dial::prepare(&self.endpoint, self.dial_tls())
     }
 
     /// Opens a connection to Redis through `runtime`: TCP, the Unix
@@ -497,116 +450,18 @@ impl RedisConfig {
     /// does not verify, as one of kind `InvalidData`; running out of
     /// [`RedisConfig::connect_timeout`], as one of kind `TimedOut`.
     pub fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>> {
-        let connect = self.connect_without_timeout(runtime);
-        let Some(deadline) = runtime.now().checked_add(self.connect_timeout) else {
-            return connect;
-        };
-        let timeout = runtime.sleep_until(deadline);
-        let (endpoint, limit) = (self.endpoint.clone(), self.connect_timeout);
-        Box::pin(async move {
-            match futures::future::select(connect, timeout).await {
-                futures::future::Either::Left((result, _)) => result,
-                futures::future::Either::Right(((), _)) => Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("connecting to redis at {endpoint} timed out after {limit:?}"),
-                )),
-            }
-        })
+        dial::connect(
+            runtime,
+            &self.endpoint,
+            self.dial_tls(),
+            Some(self.connect_timeout),
+        )
     }
 
-    fn connect_without_timeout(
-        &self,
-        runtime: &dyn Runtime,
-    ) -> BoxFuture<'static, io::Result<BoxConnection>> {
-        match (&self.endpoint, &self.tls) {
-            (RedisEndpoint::Unix(path), None) => runtime.connect_unix(path),
-            (RedisEndpoint::Unix(_), Some(_)) => failed(RedisConfigError::TlsOverUnix),
-            (RedisEndpoint::Tcp { host, port }, None) => {
-                runtime.connect(&RedisEndpoint::tcp_address(host, *port))
-            }
-            (RedisEndpoint::Tcp { host, port }, Some(tls)) => {
-                let setup = match self.tls_setup(host, tls) {
-                    Ok(setup) => setup,
-                    Err(error) => return failed(error),
-                };
-                let tcp = runtime.connect(&RedisEndpoint::tcp_address(host, *port));
-                tls_handshake(setup, tcp)
-            }
-        }
+    /// The TLS settings with their loaded client, if TLS is configured.
+    fn dial_tls(&self) -> dial::Tls<'_> {
+        self.tls.as_ref().map(|tls| (tls, &self.tls_client))
     }
-
-    /// The rustls configuration (built once) and the name to verify.
-    #[cfg(feature = "tls")]
-    fn tls_setup(&self, host: &str, tls: &TlsConfig) -> Result<TlsSetup, RedisConfigError> {
-        let name = tls.server_name.as_deref().unwrap_or(host);
-        let server_name = rustls::pki_types::ServerName::try_from(name)
-            .map_err(|_| RedisConfigError::InvalidServerName(snippet(name)))?
-            .to_owned();
-        let mut cached = self
-            .tls_client
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let client = match &*cached {
-            Some(client) => Arc::clone(client),
-            None => {
-                let client = Arc::new(tls::client_config(tls)?);
-                *cached = Some(Arc::clone(&client));
-                client
-            }
-        };
-        Ok(TlsSetup {
-            client,
-            server_name,
-        })
-    }
-
-    #[cfg(not(feature = "tls"))]
-    fn tls_setup(&self, _host: &str, _tls: &TlsConfig) -> Result<TlsSetup, RedisConfigError> {
-        Err(RedisConfigError::TlsUnavailable)
-    }
-}
-
-/// What a TLS handshake needs.
-#[cfg(feature = "tls")]
-struct TlsSetup {
-    client: Arc<ClientConfig>,
-    server_name: rustls::pki_types::ServerName<'static>,
-}
-
-/// Never built: without the `tls` feature, [`RedisConfig::tls_setup`]
-/// always fails.
-#[cfg(not(feature = "tls"))]
-enum TlsSetup {}
-
-#[cfg(feature = "tls")]
-fn tls_handshake(
-    setup: TlsSetup,
-    tcp: BoxFuture<'static, io::Result<BoxConnection>>,
-) -> BoxFuture<'static, io::Result<BoxConnection>> {
-    Box::pin(async move {
-        let tcp = tcp.await?;
-        let connector = futures_rustls::TlsConnector::from(setup.client);
-        let stream = connector.connect(setup.server_name, tcp).await?;
-        Ok(Box::new(stream) as BoxConnection)
-    })
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_handshake(
-    setup: TlsSetup,
-    _tcp: BoxFuture<'static, io::Result<BoxConnection>>,
-) -> BoxFuture<'static, io::Result<BoxConnection>> {
-    match setup {}
-}
-
-/// A future that fails at once with a configuration error.
-fn failed(error: RedisConfigError) -> BoxFuture<'static, io::Result<BoxConnection>> {
-    let kind = match error {
-        RedisConfigError::TlsUnavailable => io::ErrorKind::Unsupported,
-        _ => io::ErrorKind::InvalidInput,
-    };
-    let error = io::Error::new(kind, error);
-    Box::pin(async move { Err(error) })
 }
 
 /// Synapse's `redis:` config section (Synapse 1.163.2,
@@ -905,127 +760,6 @@ fn hex_digit(byte: u8) -> Option<u8> {
     char::from(byte)
         .to_digit(16)
         .and_then(|digit| u8::try_from(digit).ok())
-}
-
-/// Building the rustls client configuration (feature `tls`).
-#[cfg(feature = "tls")]
-mod tls {
-    use std::path::Path;
-    use std::sync::Arc;
-
-    use futures_rustls::rustls::pki_types::pem::{self, PemObject};
-    use futures_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use futures_rustls::rustls::{ClientConfig, RootCertStore};
-
-    use super::{RedisConfigError, TlsConfig};
-
-    /// rustls with the ring provider, its safe default protocol versions,
-    /// the configured roots and client certificate.
-    pub(super) fn client_config(tls: &TlsConfig) -> Result<ClientConfig, RedisConfigError> {
-        let roots = roots(tls)?;
-        let provider = Arc::new(futures_rustls::rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|error| RedisConfigError::Tls(error.to_string()))?
-            .with_root_certificates(roots);
-        match (&tls.certificate_file, &tls.private_key_file) {
-            (Some(certificate_file), Some(private_key_file)) => {
-                let chain = certificates(certificate_file, "certificate_file")?;
-                let key = private_key(private_key_file)?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|error| RedisConfigError::Tls(error.to_string()))
-            }
-            (None, None) => Ok(builder.with_no_client_auth()),
-            _ => Err(RedisConfigError::CertificateWithoutKey),
-        }
-    }
-
-    fn roots(tls: &TlsConfig) -> Result<RootCertStore, RedisConfigError> {
-        let mut roots = RootCertStore::empty();
-        if let Some(ca_file) = &tls.ca_file {
-            for certificate in certificates(ca_file, "ca_file")? {
-                roots
-                    .add(certificate)
-                    .map_err(|error| file_error("ca_file", ca_file, error))?;
-            }
-        } else if let Some(ca_path) = &tls.ca_path {
-            add_directory(&mut roots, ca_path)?;
-        } else {
-            let native = rustls_native_certs::load_native_certs();
-            let (added, _ignored) = roots.add_parsable_certificates(native.certs);
-            if added == 0 {
-                let reason = native
-                    .errors
-                    .first()
-                    .map_or_else(|| "none found".to_owned(), ToString::to_string);
-                return Err(RedisConfigError::NoSystemRoots(reason));
-            }
-        }
-        Ok(roots)
-    }
-
-    /// Every certificate in the files of `dir` (OpenSSL's `CApath`:
-    /// hashed links or plain files); files without any are skipped.
-    fn add_directory(roots: &mut RootCertStore, dir: &Path) -> Result<(), RedisConfigError> {
-        let entries = std::fs::read_dir(dir).map_err(|error| file_error("ca_path", dir, error))?;
-        let mut paths = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|error| file_error("ca_path", dir, error))?;
-            paths.push(entry.path());
-        }
-        paths.sort();
-        for path in paths.iter().filter(|path| path.is_file()) {
-            let Ok(iter) = CertificateDer::pem_file_iter(path) else {
-                continue;
-            };
-            let certificates: Vec<_> = iter.map_while(Result::ok).collect();
-            roots.add_parsable_certificates(certificates);
-        }
-        if roots.is_empty() {
-            return Err(RedisConfigError::TlsFile {
-                what: "ca_path",
-                path: dir.to_owned(),
-                reason: "no CA certificate found in the directory".to_owned(),
-            });
-        }
-        Ok(())
-    }
-
-    /// All certificates in a PEM file; at least one.
-    fn certificates(
-        path: &Path,
-        what: &'static str,
-    ) -> Result<Vec<CertificateDer<'static>>, RedisConfigError> {
-        let certificates = CertificateDer::pem_file_iter(path)
-            .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
-            .map_err(|error| file_error(what, path, error))?;
-        if certificates.is_empty() {
-            return Err(file_error(what, path, "no certificate in the file"));
-        }
-        Ok(certificates)
-    }
-
-    /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file. The
-    /// parser's own messages are not passed on: they may quote the file.
-    fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, RedisConfigError> {
-        PrivateKeyDer::from_pem_file(path).map_err(|error| {
-            let reason = match error {
-                pem::Error::Io(error) => error.to_string(),
-                pem::Error::NoItemsFound => "no private key in the file".to_owned(),
-                _ => "malformed PEM".to_owned(),
-            };
-            file_error("private_key_file", path, reason)
-        })
-    }
-
-    fn file_error(what: &'static str, path: &Path, reason: impl ToString) -> RedisConfigError {
-        RedisConfigError::TlsFile {
-            what,
-            path: path.to_owned(),
-            reason: reason.to_string(),
-        }
-    }
 }
 
 #[cfg(test)]
