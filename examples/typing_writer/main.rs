@@ -1,0 +1,97 @@
+//! Synapse's typing writer, in Rust: a process Synapse's own processes
+//! follow (`stream_writers: {typing: [rust_typing]}`) and catch up from.
+//!
+//! ```text
+//! cargo run --example typing_writer --features http-server,http-catch-up -- \
+//!     --server-name example.com --instance rust_typing \
+//!     --redis 127.0.0.1:6379 --listen 127.0.0.1:9100 \
+//!     --homeserver http://127.0.0.1:8008 --secret "$REPLICATION_SECRET"
+//! # or: --config homeserver.json (Synapse's config, as JSON) --instance ... --listen ... --homeserver ...
+//! ```
+//!
+//! It serves, on `--listen`:
+//! - `PUT /_matrix/client/{v3,r0,unstable}/rooms/{roomId}/typing/{userId}`
+//!   (route it there from the reverse proxy), checking the access token
+//!   (`/account/whoami`) and the membership (`joined_members`) against the
+//!   homeserver's client API, with Synapse's timeouts (30 s by default,
+//!   at most 120 s, checked every 5 s);
+//! - `GET /_synapse/replication/get_repl_stream_updates/typing/...`, the
+//!   catch-up Synapse's processes make (its `instance_map` address), from
+//!   an in-memory history answered per room as Synapse's writer answers.
+//!
+//! and publishes `typing` rows (`[room_id, [user_id, ...]]`, one token per
+//! change) over Redis, announcing its position on every connection and
+//! `REPLICATE`.
+
+mod writer;
+
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+use synapse_replication::transport::SynapseConfig;
+
+const USAGE: &str = "usage: typing_writer [--config FILE.json] [--server-name NAME] \
+--instance NAME [--redis HOST:PORT] --listen HOST:PORT --homeserver http://HOST:PORT \
+[--secret SECRET]";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("typing_writer: {error}\n{USAGE}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mut flags = std::collections::HashMap::new();
+    while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        flags.insert(flag, value);
+    }
+    let flag = |name: &str| flags.get(name).cloned();
+    let instance = flag("--instance").ok_or("--instance is required")?;
+    let listen = flag("--listen").ok_or("--listen is required")?;
+    let homeserver = flag("--homeserver").ok_or("--homeserver is required")?;
+
+    let mut config: Value = match flag("--config") {
+        Some(path) => serde_json::from_str(&std::fs::read_to_string(path)?)?,
+        None => json!({}),
+    };
+    if let Some(name) = flag("--server-name") {
+        config["server_name"] = json!(name);
+    }
+    if let Some(redis) = flag("--redis") {
+        let (host, port) = redis.rsplit_once(':').ok_or("--redis is HOST:PORT")?;
+        config["redis"] = json!({"enabled": true, "host": host, "port": port.parse::<u16>()?});
+    }
+    if let Some(secret) = flag("--secret") {
+        config["worker_replication_secret"] = json!(secret);
+    }
+    // This process writes typing, at its listener.
+    let (host, port) = listen.rsplit_once(':').ok_or("--listen is HOST:PORT")?;
+    config["stream_writers"]["typing"] = json!([instance]);
+    config["instance_map"][&instance] = json!({"host": host, "port": port.parse::<u16>()?});
+    let synapse = SynapseConfig::from_value(config)?;
+
+    smol::block_on(async {
+        let running = writer::start(
+            writer::Options {
+                synapse,
+                instance,
+                homeserver,
+            },
+            &listen,
+        )
+        .await?;
+        eprintln!("typing writer: listening on {}", running.addr);
+        futures::future::pending::<()>().await;
+        Ok(())
+    })
+}
