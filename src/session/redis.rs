@@ -402,6 +402,16 @@ pub struct RedisCounters {
     /// Connections given up, by [`RedisError::reason`] (Synapse's
     /// `synapse_replication_tcp_protocol_close_reason`).
     pub closes: BTreeMap<&'static str, u64>,
+    /// `RDATA`s and `POSITION`s naming this process as their sender beyond
+    /// what it published itself: another process publishes under its
+    /// instance name (a worker started twice, or two configured alike).
+    /// They are ignored, as this process's own echoes are (Synapse does
+    /// the same), counted here, and warned about (see [`RedisSession`]).
+    pub impostor_echoes: u64,
+    /// Warnings not logged because one of their kind was logged less than
+    /// [`RedisSession::WARNING_INTERVAL`] before (malformed messages,
+    /// impostor echoes); the next one logged says how many it stands for.
+    pub suppressed_warnings: u64,
 }
 
 /// A reply a link waits for, in the order the commands went out.
@@ -507,6 +517,63 @@ impl Link {
     }
 }
 
+impl Link {
+    /// `RDATA`s and `POSITION`s published on this link and not yet
+    /// answered: Redis may still run them (and echo them).
+    fn unanswered_echoes(&self) -> u64 {
+        self.expect
+            .iter()
+            .filter(|(expect, _)| {
+                matches!(
+                    expect,
+                    Expect::Publish(CommandKind::Rdata | CommandKind::Position)
+                )
+            })
+            .map(|(_, count)| *count)
+            .sum()
+    }
+}
+
+/// What this process published of `RDATA` and `POSITION`, and what came
+/// back naming it as their sender, since its subscription was confirmed.
+/// Redis echoes each publish at most once to the one subscription, so an
+/// echo beyond what was published is another process using this name.
+#[derive(Clone, Copy, Debug, Default)]
+struct EchoTally {
+    /// Publishes that may come back: those since the subscription, plus
+    /// those still unanswered when it was confirmed (Redis may have run
+    /// them after the `SUBSCRIBE`).
+    published: u64,
+    /// Echoes of this process's own publishes.
+    echoed: u64,
+    /// Unanswered publishes of links given up since the last
+    /// subscription (Redis may still run what reached it).
+    unanswered_lost: u64,
+}
+
+/// A warning logged at most once per [`RedisSession::WARNING_INTERVAL`];
+/// those in between are counted, and the next one logged says how many.
+#[derive(Clone, Copy, Debug, Default)]
+struct RateLimited {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimited {
+    /// Whether to log at `now`: `Some(warnings suppressed since the last
+    /// one logged)`, or `None` (counted as suppressed).
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| {
+            now.saturating_duration_since(last) < RedisSession::WARNING_INTERVAL
+        }) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 /// The subscriber's handshake state, for [`RedisSession::is_ready`].
 fn usable(link: Option<&Link>) -> bool {
     link.is_some_and(|link| !link.failed && link.handshake == 0 && link.unconfirmed == 0)
@@ -564,6 +631,21 @@ fn usable(link: Option<&Link>) -> bool {
 /// - Each link sends `PING` every [`RedisSessionConfig::ping_interval`]; a link
 ///   that owes a reply and hears nothing for [`RedisSessionConfig::ping_timeout`]
 ///   is given up, which finds a paused server or a dead network.
+/// - This process's own `RDATA` and `POSITION` come back from Redis and are
+///   ignored (not even decoded). So are those another process publishes
+///   under this process's instance name, as in Synapse, but they are
+///   noticed: the session counts what it published since its subscription
+///   was confirmed (and what was still unanswered then) against the echoes
+///   naming it, and an echo beyond is counted in
+///   [`RedisCounters::impostor_echoes`] and warned about. Publishes Redis
+///   never ran (lost with a connection) are never told from echoes still
+///   on their way, so until the next subscription that many impostor
+///   commands may pass as echoes: the count is a lower bound, never a
+///   false alarm.
+/// - Warnings (malformed messages, impostor echoes) go through `tracing`,
+///   at most one of each kind per [`RedisSession::WARNING_INTERVAL`]; the
+///   others are counted in [`RedisCounters::suppressed_warnings`], and the
+///   events and counters report every message.
 ///
 /// Its [`Debug`] output never shows a secret: of the bytes waiting to be
 /// sent or decoded (an `AUTH` with the password, a `USER_IP` with an
@@ -591,6 +673,12 @@ pub struct RedisSession {
     now: Option<Instant>,
     /// Reused to encode each published line (no allocation per publish).
     scratch: BytesMut,
+    /// Own publishes against own echoes, to notice an impostor.
+    echoes: EchoTally,
+    /// The warning about malformed messages.
+    malformed_warning: RateLimited,
+    /// The warning about impostor echoes.
+    impostor_warning: RateLimited,
 }
 
 impl fmt::Debug for RedisSession {
@@ -632,8 +720,15 @@ impl RedisSession {
             counters: RedisCounters::default(),
             now: None,
             scratch: BytesMut::new(),
+            echoes: EchoTally::default(),
+            malformed_warning: RateLimited::default(),
+            impostor_warning: RateLimited::default(),
         }
     }
+
+    /// The shortest time between two warnings of one kind (malformed
+    /// messages, impostor echoes) logged through `tracing` (10 s).
+    pub const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
     fn tick(&mut self, now: Instant) -> Instant {
         let now = match self.now {
@@ -740,9 +835,10 @@ impl RedisSession {
         let Some(slot) = self.links.get_mut(link.index()) else {
             return;
         };
-        if slot.take().is_none() {
+        let Some(conn) = slot.take() else {
             return;
-        }
+        };
+        self.echoes.unanswered_lost += conn.unanswered_echoes();
         if link == RedisLink::Subscriber {
             self.follower.disconnected();
             self.replicate_owed = false;
@@ -854,6 +950,7 @@ impl RedisSession {
                     if conn.unconfirmed == 0 {
                         self.follower.connected();
                         self.replicate_owed = true;
+                        self.restart_echo_tally();
                     }
                 }
                 self.check_ready(now);
@@ -958,9 +1055,14 @@ impl RedisSession {
     /// `self.channels`).
     fn handle_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
         // This process's own RDATA and POSITION come back from Redis; the
-        // follower ignores them: do not decode (and validate) them.
-        if !self.options.report_received {
-            if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
+        // follower ignores them: do not decode (and validate) them. One
+        // beyond what was published is another process's, ignored too.
+        if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
+            self.echoes.echoed += 1;
+            if self.echoes.echoed > self.echoes.published {
+                self.impostor_echo(kind, now);
+            }
+            if !self.options.report_received {
                 self.counters.received.add(kind);
                 self.follower.note_own_echo();
                 return;
@@ -975,6 +1077,17 @@ impl RedisSession {
                 let (error, lost) = *failed;
                 self.counters.malformed += 1;
                 let channel = channel_bytes(&self.channels);
+                match self.malformed_warning.allow(now) {
+                    Some(suppressed) => tracing::warn!(
+                        instance = %self.follower.own_name(),
+                        channel = %String::from_utf8_lossy(&channel),
+                        %error,
+                        suppressed,
+                        "ignored a message that is not a command \
+                         (`suppressed`: how many more since the last warning)"
+                    ),
+                    None => self.counters.suppressed_warnings += 1,
+                }
                 self.push_event(RedisEvent::Malformed { channel, error });
                 // A row that could not be read is a gap, never a row to
                 // step over.
@@ -1003,6 +1116,39 @@ impl RedisSession {
                 self.writer.handle_replicate(now);
             }
             command => self.push_event(RedisEvent::Command(command)),
+        }
+    }
+
+    /// A new subscription is confirmed: echoes start again from what may
+    /// still come back of the publishes before it.
+    fn restart_echo_tally(&mut self) {
+        let unanswered = self
+            .link(self.publisher())
+            .filter(|conn| !conn.failed)
+            .map_or(0, Link::unanswered_echoes);
+        self.echoes = EchoTally {
+            published: unanswered + self.echoes.unanswered_lost,
+            echoed: 0,
+            unanswered_lost: 0,
+        };
+    }
+
+    /// An `RDATA` or `POSITION` naming this process that it did not
+    /// publish: counted (not as an echo of its own) and warned about.
+    #[cold]
+    fn impostor_echo(&mut self, kind: CommandKind, now: Instant) {
+        self.echoes.echoed -= 1;
+        self.counters.impostor_echoes += 1;
+        match self.impostor_warning.allow(now) {
+            Some(suppressed) => tracing::warn!(
+                instance = %self.follower.own_name(),
+                command = %kind,
+                total = self.counters.impostor_echoes,
+                suppressed,
+                "another process publishes under this process's instance name; \
+                 its RDATA and POSITION are ignored as this process's own"
+            ),
+            None => self.counters.suppressed_warnings += 1,
         }
     }
 
@@ -1066,6 +1212,9 @@ impl RedisSession {
         conn.owe(Expect::Publish(kind), now);
         let unsent = conn.out.len();
         self.counters.published.add(kind);
+        if matches!(kind, CommandKind::Rdata | CommandKind::Position) {
+            self.echoes.published += 1;
+        }
         if unsent > max {
             self.fail(publisher, RedisError::FailedToKeepUp(unsent));
         }
@@ -1081,7 +1230,9 @@ impl RedisSession {
         conn.failed = true;
         conn.out.clear();
         conn.input.clear();
+        let unanswered = conn.unanswered_echoes();
         conn.expect.clear();
+        self.echoes.unanswered_lost += unanswered;
         // Not ready from now on: nothing more may be published on a link
         // given up (it would be lost without being counted).
         if self.ready {

@@ -63,7 +63,7 @@ impl RedisStats {
     /// - this crate's own: `synapse_replication_redis_read_buffer_bytes`,
     ///   `..._follower_buffered_bytes`, `..._catch_ups` (gauges),
     ///   `..._dropped_commands{command}`, `..._malformed_commands`,
-    ///   `..._publish_errors`, `..._refused_commands`,
+    ///   `..._publish_errors`, `..._refused_commands`, `..._impostor_echoes`,
     ///   `..._connections{link}` (counters),
     ///   each with `name`.
     pub fn record_metrics(&self, name: &str) {
@@ -144,6 +144,10 @@ impl RedisStats {
             (
                 "synapse_replication_redis_refused_commands",
                 self.refused_commands,
+            ),
+            (
+                "synapse_replication_redis_impostor_echoes",
+                counters.impostor_echoes,
             ),
         ];
         for (metric, value) in plain {

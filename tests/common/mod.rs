@@ -2,6 +2,10 @@
 
 #![allow(dead_code)]
 
+#[cfg(unix)]
+pub mod faults;
+#[cfg(unix)]
+pub mod nodes;
 pub mod pair;
 #[cfg(unix)]
 pub mod redis_server;
