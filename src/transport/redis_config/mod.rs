@@ -1,0 +1,550 @@
+//! Where and how to reach Redis: [`RedisConfig`], read from a URL or from
+//! Synapse's `redis:` config section. The connection it opens is the
+//! dialer's (`dial.rs`): TCP, a Unix socket, or TLS (feature `tls`).
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+mod synapse;
+mod url;
+
+pub use synapse::SynapseRedisConfig;
+
+use super::dial::{self, TlsClient, TlsConfig};
+use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::session::RedisAuth;
+
+/// At most this many characters of a bad input are quoted in an error.
+const SNIPPET_CHARS: usize = 40;
+
+/// A configuration that cannot be used to reach Redis.
+///
+/// Messages quote the bad part of the input (truncated), never a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisConfigError {
+    /// The URL has no `scheme:` in front.
+    #[error("redis url has no scheme (expected redis://, rediss:// or unix://)")]
+    MissingScheme,
+    /// The URL's scheme is not one this crate speaks.
+    #[error("unknown redis url scheme {0:?} (expected redis, rediss, unix or redis+unix)")]
+    UnknownScheme(String),
+    /// The URL is malformed in a way the reason names.
+    #[error("malformed redis url: {0}")]
+    InvalidUrl(&'static str),
+    /// The URL names no host.
+    #[error("redis url has no host")]
+    MissingHost,
+    /// The host is not a name or an IP literal.
+    #[error("invalid redis host {0:?}")]
+    InvalidHost(String),
+    /// The port is not a number from 1 to 65535.
+    #[error("invalid redis port {0:?}")]
+    InvalidPort(String),
+    /// The database is not a number.
+    #[error("invalid redis database {0:?} (expected a number)")]
+    InvalidDatabase(String),
+    /// A `%` not followed by two hex digits, or escapes that decode to
+    /// something other than UTF-8, in the part named.
+    #[error("invalid percent-encoding in the redis url's {0}")]
+    InvalidPercentEncoding(&'static str),
+    /// A `?name=value` parameter this crate does not know.
+    #[error("unsupported redis url parameter {0:?}")]
+    UnknownParameter(String),
+    /// A Unix socket URL without a path.
+    #[error("redis unix url has no socket path")]
+    MissingPath,
+    /// An ACL user name was given without a password.
+    #[error("redis username given without a password")]
+    UsernameWithoutPassword,
+    /// `enabled` is false in Synapse's `redis:` section.
+    #[error("redis is not enabled in the synapse config")]
+    Disabled,
+    /// Both `password` and `password_path` are set (Synapse refuses this
+    /// too).
+    #[error("redis password and password_path are both set")]
+    ConflictingPasswords,
+    /// The `password_path` file cannot be read.
+    #[error("cannot read redis password_path {path:?}: {source}")]
+    PasswordFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The `password_path` file holds nothing but whitespace.
+    #[error("redis password_path {0:?} is empty")]
+    EmptyPasswordFile(PathBuf),
+    /// TLS was asked for over a Unix socket, which Redis does not offer.
+    /// Refused rather than silently connecting in plaintext.
+    #[error("redis tls cannot be used over a unix socket")]
+    TlsOverUnix,
+    /// TLS was asked for, but this build of the crate has no TLS.
+    #[error(
+        "redis tls is configured but synapse-replication was built without its `tls` feature \
+         (enable it in Cargo.toml)"
+    )]
+    TlsUnavailable,
+    /// Only one of `certificate_file` and `private_key_file` is set.
+    #[error("redis tls certificate_file and private_key_file must be given together")]
+    CertificateWithoutKey,
+    /// A certificate or key file cannot be loaded.
+    #[error("cannot load redis tls {what} {path:?}: {reason}")]
+    TlsFile {
+        /// The setting that names the file: `ca_file`, `ca_path`,
+        /// `certificate_file` or `private_key_file`.
+        what: &'static str,
+        /// The file (or directory, for `ca_path`).
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// No `ca_file` or `ca_path` was given and the system has no usable
+    /// root certificates.
+    #[error("no system root certificates for redis tls: {0} (set ca_file or ca_path)")]
+    NoSystemRoots(String),
+    /// The name to check the server's certificate against is not a DNS
+    /// name or an IP address.
+    #[error("invalid redis tls server name {0:?}")]
+    InvalidServerName(String),
+    /// rustls refused the configuration (a key that does not match its
+    /// certificate, for instance).
+    #[error("redis tls setup failed: {0}")]
+    Tls(String),
+}
+
+/// At most [`SNIPPET_CHARS`] characters of `text`, for an error message.
+pub(super) fn snippet(text: &str) -> String {
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(SNIPPET_CHARS).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Where Redis listens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisEndpoint {
+    /// A TCP address.
+    Tcp {
+        /// A name to resolve, or an IP literal (IPv6 without brackets).
+        host: String,
+        /// The port.
+        port: u16,
+    },
+    /// A Unix domain socket (Redis' `unixsocket`).
+    Unix(PathBuf),
+}
+
+impl RedisEndpoint {
+    /// `host:port`, with brackets around an IPv6 host, as
+    /// [`Runtime::connect`] takes it.
+    pub(super) fn tcp_address(host: &str, port: u16) -> String {
+        if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        }
+    }
+}
+
+impl fmt::Display for RedisEndpoint {
+    /// `host:port` (`[::1]:6379` for IPv6), or `unix:/path`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisEndpoint::Tcp { host, port } => {
+                f.write_str(&RedisEndpoint::tcp_address(host, *port))
+            }
+            RedisEndpoint::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How to reach Redis: where, the credentials, the database, and TLS.
+///
+/// Built from a URL ([`RedisConfig::from_url`], or `parse`), from
+/// Synapse's `redis:` section ([`RedisConfig::from_synapse`]), or by hand
+/// ([`RedisConfig::new`] and the `with_` methods). [`RedisConfig::connect`]
+/// opens a connection; call it again to reconnect. Its [`Debug`] output
+/// hides the password.
+///
+/// ```
+/// use synapse_replication::transport::{RedisConfig, RedisEndpoint};
+///
+/// let config: RedisConfig = "redis://worker:s%40cret@[::1]:6380/2".parse()?;
+/// assert_eq!(
+///     config.endpoint(),
+///     &RedisEndpoint::Tcp { host: "::1".into(), port: 6380 }
+/// );
+/// let auth = config.auth().expect("credentials");
+/// assert_eq!(auth.username.as_deref(), Some("worker"));
+/// assert_eq!(auth.password, "s@cret");
+/// assert_eq!(config.database(), Some(2));
+/// assert!(!format!("{config:?}").contains("s@cret"));
+/// # Ok::<(), synapse_replication::transport::RedisConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisConfig {
+    endpoint: RedisEndpoint,
+    auth: Option<RedisAuth>,
+    database: Option<u32>,
+    tls: Option<TlsConfig>,
+    connect_timeout: Duration,
+    /// The TLS client, built on first use and shared by clones (reset by
+    /// [`RedisConfig::with_tls`]).
+    tls_client: TlsClient,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("endpoint", &self.endpoint)
+            .field("auth", &self.auth)
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl PartialEq for RedisConfig {
+    fn eq(&self, other: &RedisConfig) -> bool {
+        self.endpoint == other.endpoint
+            && self.auth == other.auth
+            && self.database == other.database
+            && self.tls == other.tls
+            && self.connect_timeout == other.connect_timeout
+    }
+}
+
+impl Eq for RedisConfig {}
+
+impl FromStr for RedisConfig {
+    type Err = RedisConfigError;
+
+    fn from_str(url: &str) -> Result<RedisConfig, RedisConfigError> {
+        RedisConfig::from_url(url)
+    }
+}
+
+impl RedisConfig {
+    /// Redis' port when none is given.
+    pub const DEFAULT_PORT: u16 = 6379;
+
+    /// How long [`RedisConfig::connect`] may take unless told otherwise
+    /// (Synapse's connect timeout).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// `endpoint`, without credentials, database or TLS.
+    pub fn new(endpoint: RedisEndpoint) -> RedisConfig {
+        RedisConfig {
+            endpoint,
+            auth: None,
+            database: None,
+            tls: None,
+            connect_timeout: RedisConfig::DEFAULT_CONNECT_TIMEOUT,
+            tls_client: TlsClient::default(),
+        }
+    }
+
+    /// Redis at `host:port` over TCP.
+    pub fn tcp(host: impl Into<String>, port: u16) -> RedisConfig {
+        RedisConfig::new(RedisEndpoint::Tcp {
+            host: host.into(),
+            port,
+        })
+    }
+
+    /// Redis at the Unix socket `path`.
+    pub fn unix(path: impl Into<PathBuf>) -> RedisConfig {
+        RedisConfig::new(RedisEndpoint::Unix(path.into()))
+    }
+
+    /// With these credentials (`AUTH`, or `HELLO ... AUTH`).
+    #[must_use]
+    pub fn with_auth(mut self, auth: RedisAuth) -> RedisConfig {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// With this database (`SELECT`; pub/sub ignores it, but Synapse
+    /// selects it on its publishing connection).
+    #[must_use]
+    pub fn with_database(mut self, database: u32) -> RedisConfig {
+        self.database = Some(database);
+        self
+    }
+
+    /// With TLS (needs the `tls` feature to connect).
+    #[must_use]
+    pub fn with_tls(mut self, tls: TlsConfig) -> RedisConfig {
+        self.tls = Some(tls);
+        self.tls_client = TlsClient::default();
+        self
+    }
+
+    /// With a limit on how long connecting may take, TLS handshake
+    /// included (default [`RedisConfig::DEFAULT_CONNECT_TIMEOUT`]). A
+    /// peer that accepts the connection but never answers the handshake
+    /// (a plaintext server, to a TLS client) is then an error, not a hang.
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> RedisConfig {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Where Redis listens.
+    pub fn endpoint(&self) -> &RedisEndpoint {
+        &self.endpoint
+    }
+
+    /// The credentials, if any.
+    pub fn auth(&self) -> Option<&RedisAuth> {
+        self.auth.as_ref()
+    }
+
+    /// The database to select, if any.
+    pub fn database(&self) -> Option<u32> {
+        self.database
+    }
+
+    /// The TLS settings, if TLS is on.
+    pub fn tls(&self) -> Option<&TlsConfig> {
+        self.tls.as_ref()
+    }
+
+    /// How long connecting may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Checks now what [`RedisConfig::connect`] would find wrong without
+    /// touching the network: TLS over a Unix socket, TLS without the `tls`
+    /// feature, and certificate or key files that do not load (which it
+    /// loads, once, for all later connections). Call it at startup to
+    /// report a bad configuration before the first connection attempt.
+    pub fn prepare(&self) -> Result<(), RedisConfigError> {
+        dial::prepare(&self.endpoint, self.dial_tls())
+    }
+
+    /// Opens a connection to Redis through `runtime`: TCP, the Unix
+    /// socket ([`Runtime::connect_unix`]), or TCP then a TLS handshake.
+    /// Callable any number of times (to reconnect); TLS certificates are
+    /// loaded on the first call only.
+    ///
+    /// Only the byte stream: no `AUTH`, `SELECT` or `HELLO` is sent (the
+    /// Redis session does that). A configuration error (see
+    /// [`RedisConfig::prepare`]) comes back as an [`io::Error`] of kind
+    /// `InvalidInput` (`Unsupported` for a build without `tls`) wrapping
+    /// the [`RedisConfigError`]; a certificate the server presents that
+    /// does not verify, as one of kind `InvalidData`; running out of
+    /// [`RedisConfig::connect_timeout`], as one of kind `TimedOut`.
+    pub fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        dial::connect(
+            runtime,
+            &self.endpoint,
+            self.dial_tls(),
+            Some(self.connect_timeout),
+        )
+    }
+
+    /// The TLS settings with their loaded client, if TLS is configured.
+    fn dial_tls(&self) -> dial::Tls<'_> {
+        self.tls.as_ref().map(|tls| (tls, &self.tls_client))
+    }
+}
+
+#[cfg(test)]
+pub(super) mod test_files {
+    use std::path::PathBuf;
+
+    /// A file in a fresh temporary directory, removed on drop.
+    pub(crate) struct TempFile(pub(crate) PathBuf);
+
+    impl TempFile {
+        pub(crate) fn new(name: &str, contents: &str) -> TempFile {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static COUNT: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "synapse-replication-redis-config-{}-{}",
+                std::process::id(),
+                COUNT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let path = dir.join(name);
+            std::fs::write(&path, contents).expect("write temp file");
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::path::Path;
+
+    use super::test_files::TempFile;
+    use super::*;
+
+    pub(super) fn url(text: &str) -> RedisConfig {
+        RedisConfig::from_url(text).unwrap_or_else(|error| panic!("{text}: {error}"))
+    }
+
+    pub(super) fn auth(username: Option<&str>, password: &str) -> Option<RedisAuth> {
+        Some(RedisAuth {
+            username: username.map(str::to_owned),
+            password: password.to_owned(),
+        })
+    }
+
+    pub(super) fn tcp(host: &str, port: u16) -> RedisEndpoint {
+        RedisEndpoint::Tcp {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let config = url("rediss://worker:hunter2@h:1/2");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("worker"), "{debug}");
+
+        let section = SynapseRedisConfig {
+            enabled: true,
+            password: Some("hunter2".to_owned()),
+            ..SynapseRedisConfig::default()
+        };
+        let debug = format!("{section:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
+        let debug = format!("{:?}", RedisConfig::from_synapse(&section));
+        assert!(!debug.contains("hunter2"), "{debug}");
+    }
+
+    #[test]
+    fn builders() {
+        let tls = TlsConfig {
+            server_name: Some("redis.internal".to_owned()),
+            ..TlsConfig::default()
+        };
+        let config = RedisConfig::tcp("10.0.0.1", 6380)
+            .with_auth(RedisAuth {
+                username: None,
+                password: "pw".to_owned(),
+            })
+            .with_database(4)
+            .with_tls(tls.clone());
+        assert_eq!(config.endpoint(), &tcp("10.0.0.1", 6380));
+        assert_eq!(config.auth(), auth(None, "pw").as_ref());
+        assert_eq!(config.database(), Some(4));
+        assert_eq!(config.tls(), Some(&tls));
+        assert_eq!(
+            RedisConfig::unix("/s").endpoint(),
+            &RedisEndpoint::Unix("/s".into())
+        );
+    }
+
+    #[test]
+    fn tls_over_unix_is_refused() {
+        let config = RedisConfig::unix("/s").with_tls(TlsConfig::default());
+        assert!(matches!(
+            config.prepare(),
+            Err(RedisConfigError::TlsOverUnix)
+        ));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_refused() {
+        let config = url("rediss://h");
+        let error = config.prepare().expect_err("no tls");
+        assert!(matches!(error, RedisConfigError::TlsUnavailable));
+        assert!(error.to_string().contains("`tls` feature"), "{error}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_file_errors() {
+        let missing = TlsConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(missing)
+            .prepare()
+            .expect_err("missing ca");
+        assert!(
+            matches!(
+                error,
+                RedisConfigError::TlsFile {
+                    what: "ca_file",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+
+        let not_pem = TempFile::new("ca.pem", "not a certificate\n");
+        let tls = TlsConfig {
+            ca_file: Some(not_pem.0.clone()),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(tls)
+            .prepare()
+            .expect_err("no certificate");
+        assert!(error.to_string().contains("no certificate"), "{error}");
+
+        let dir = TempFile::new("README", "nothing here\n");
+        let tls = TlsConfig {
+            ca_path: dir.0.parent().map(Path::to_owned),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(tls)
+            .prepare()
+            .expect_err("empty ca_path");
+        assert!(
+            matches!(
+                error,
+                RedisConfigError::TlsFile {
+                    what: "ca_path",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+
+        let tls = TlsConfig {
+            certificate_file: Some("/c.pem".into()),
+            ..TlsConfig::default()
+        };
+        assert!(matches!(
+            RedisConfig::tcp("h", 1).with_tls(tls).prepare(),
+            Err(RedisConfigError::CertificateWithoutKey)
+        ));
+
+        let tls = TlsConfig {
+            server_name: Some("not a name".to_owned()),
+            ..TlsConfig::default()
+        };
+        assert!(matches!(
+            RedisConfig::tcp("h", 1).with_tls(tls).prepare(),
+            Err(RedisConfigError::InvalidServerName(_))
+        ));
+    }
+}

@@ -1,0 +1,338 @@
+//! Synapse's `redis:` config section.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::session::RedisAuth;
+
+use super::{RedisConfig, RedisConfigError, TlsConfig};
+
+impl RedisConfig {
+    /// Reads Synapse's `redis:` config section, as Synapse 1.163.2 does
+    /// (`synapse/config/redis.py`): `path` wins over `host` and `port`;
+    /// `password_path` is read now and stripped of surrounding
+    /// whitespace, and may not be set together with `password`; the TLS
+    /// files apply only with `use_tls`.
+    ///
+    /// Stricter than Synapse, so that nothing is silently less secure
+    /// than configured: `use_tls` with a Unix `path` is refused
+    /// ([`RedisConfigError::TlsOverUnix`]; Synapse connects in plaintext),
+    /// and the server's certificate is verified (see [`TlsConfig`]).
+    /// A section with `enabled: false` gives [`RedisConfigError::Disabled`].
+    pub fn from_synapse(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisConfigError> {
+        if !section.enabled {
+            return Err(RedisConfigError::Disabled);
+        }
+        let password = section
+            .password
+            .clone()
+            .filter(|password| !password.is_empty());
+        let password_path = section
+            .password_path
+            .as_ref()
+            .filter(|path| !path.as_os_str().is_empty());
+        let password = match password_path {
+            Some(_) if password.is_some() => return Err(RedisConfigError::ConflictingPasswords),
+            Some(path) => Some(read_password_file(path)?),
+            None => password,
+        };
+        let username = section
+            .username
+            .clone()
+            .filter(|username| !username.is_empty());
+        let auth = match (username, password) {
+            (username, Some(password)) => Some(RedisAuth { username, password }),
+            (Some(_), None) => return Err(RedisConfigError::UsernameWithoutPassword),
+            (None, None) => None,
+        };
+        let mut config = match &section.path {
+            Some(path) if !path.as_os_str().is_empty() => {
+                if section.use_tls {
+                    return Err(RedisConfigError::TlsOverUnix);
+                }
+                RedisConfig::unix(path.clone())
+            }
+            _ => {
+                let host = section.host.trim_start_matches('[').trim_end_matches(']');
+                if host.is_empty() {
+                    return Err(RedisConfigError::MissingHost);
+                }
+                if section.port == 0 {
+                    return Err(RedisConfigError::InvalidPort("0".to_owned()));
+                }
+                RedisConfig::tcp(host, section.port)
+            }
+        };
+        config.auth = auth;
+        config.database = section.dbid;
+        if section.use_tls {
+            let tls = TlsConfig {
+                ca_file: section.ca_file.clone(),
+                ca_path: section.ca_path.clone(),
+                certificate_file: section.certificate_file.clone(),
+                private_key_file: section.private_key_file.clone(),
+                server_name: None,
+            };
+            if tls.certificate_file.is_some() != tls.private_key_file.is_some() {
+                return Err(RedisConfigError::CertificateWithoutKey);
+            }
+            config = config.with_tls(tls);
+        }
+        Ok(config)
+    }
+}
+
+/// Synapse's `redis:` config section (Synapse 1.163.2,
+/// `synapse/config/redis.py`), plus `username` for Redis ACLs, which
+/// Synapse lacks. Deserialize it from the homeserver's YAML with the
+/// serde format crate of your choice, then hand it to
+/// [`RedisConfig::from_synapse`]. Missing keys take Synapse's defaults;
+/// unknown keys are ignored, as Synapse ignores them.
+///
+/// ```
+/// use synapse_replication::transport::{RedisConfig, RedisEndpoint, SynapseRedisConfig};
+///
+/// let section: SynapseRedisConfig =
+///     serde_json::from_str(r#"{"enabled": true, "host": "redis.internal", "dbid": 1}"#)?;
+/// let config = RedisConfig::from_synapse(&section)?;
+/// assert_eq!(
+///     config.endpoint(),
+///     &RedisEndpoint::Tcp { host: "redis.internal".into(), port: 6379 }
+/// );
+/// assert_eq!(config.database(), Some(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct SynapseRedisConfig {
+    /// Whether Synapse uses Redis at all (default false).
+    pub enabled: bool,
+    /// The host (default `localhost`).
+    pub host: String,
+    /// The port (default 6379).
+    pub port: u16,
+    /// A Unix socket; when set, `host` and `port` are ignored.
+    pub path: Option<PathBuf>,
+    /// The database to select.
+    pub dbid: Option<u32>,
+    /// The password (`requirepass`, or the ACL user's).
+    pub password: Option<String>,
+    /// A file holding the password; not together with `password`.
+    pub password_path: Option<PathBuf>,
+    /// The ACL user (not a Synapse setting).
+    pub username: Option<String>,
+    /// Whether to connect with TLS (default false).
+    pub use_tls: bool,
+    /// A PEM client certificate, with `use_tls`.
+    pub certificate_file: Option<PathBuf>,
+    /// The client certificate's PEM private key, with `use_tls`.
+    pub private_key_file: Option<PathBuf>,
+    /// A PEM file of CAs to trust, with `use_tls`.
+    pub ca_file: Option<PathBuf>,
+    /// A directory of PEM CA files, with `use_tls` (ignored when
+    /// `ca_file` is set).
+    pub ca_path: Option<PathBuf>,
+}
+
+impl Default for SynapseRedisConfig {
+    fn default() -> SynapseRedisConfig {
+        SynapseRedisConfig {
+            enabled: false,
+            host: "localhost".to_owned(),
+            port: RedisConfig::DEFAULT_PORT,
+            path: None,
+            dbid: None,
+            password: None,
+            password_path: None,
+            username: None,
+            use_tls: false,
+            certificate_file: None,
+            private_key_file: None,
+            ca_file: None,
+            ca_path: None,
+        }
+    }
+}
+
+impl fmt::Debug for SynapseRedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SynapseRedisConfig")
+            .field("enabled", &self.enabled)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("path", &self.path)
+            .field("dbid", &self.dbid)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_path", &self.password_path)
+            .field("username", &self.username)
+            .field("use_tls", &self.use_tls)
+            .field("certificate_file", &self.certificate_file)
+            .field("private_key_file", &self.private_key_file)
+            .field("ca_file", &self.ca_file)
+            .field("ca_path", &self.ca_path)
+            .finish()
+    }
+}
+
+/// The password in `path`, stripped of surrounding whitespace as Synapse
+/// strips it.
+fn read_password_file(path: &Path) -> Result<String, RedisConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RedisConfigError::PasswordFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let password = text.trim();
+    if password.is_empty() {
+        return Err(RedisConfigError::EmptyPasswordFile(path.to_owned()));
+    }
+    Ok(password.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_files::TempFile;
+    use super::super::tests::auth;
+    use super::*;
+    use crate::transport::RedisEndpoint;
+
+    fn section(json: &str) -> SynapseRedisConfig {
+        serde_json::from_str(json).unwrap_or_else(|error| panic!("{json}: {error}"))
+    }
+
+    fn synapse(json: &str) -> Result<RedisConfig, RedisConfigError> {
+        RedisConfig::from_synapse(&section(json))
+    }
+
+    #[test]
+    fn synapse_defaults() {
+        let defaults = section("{}");
+        assert!(!defaults.enabled);
+        assert_eq!(defaults, SynapseRedisConfig::default());
+        assert!(matches!(
+            RedisConfig::from_synapse(&defaults),
+            Err(RedisConfigError::Disabled)
+        ));
+        let config = synapse(r#"{"enabled": true}"#).expect("valid");
+        assert_eq!(config, RedisConfig::tcp("localhost", 6379));
+    }
+
+    #[test]
+    fn synapse_fields() {
+        let config = synapse(
+            r#"{"enabled": true, "host": "redis.internal", "port": 6380, "dbid": 2,
+                "password": "pw", "unknown_key": [1, 2]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            config,
+            RedisConfig::tcp("redis.internal", 6380)
+                .with_database(2)
+                .with_auth(RedisAuth {
+                    username: None,
+                    password: "pw".to_owned()
+                })
+        );
+        let config = synapse(
+            r#"{"enabled": true, "host": "h", "port": 1, "path": "/run/redis.sock",
+                "username": "worker", "password": "pw"}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            config.endpoint(),
+            &RedisEndpoint::Unix("/run/redis.sock".into())
+        );
+        assert_eq!(config.auth(), auth(Some("worker"), "pw").as_ref());
+        // YAML's nulls and empty strings are absent values.
+        let config = synapse(
+            r#"{"enabled": true, "path": null, "password": "", "dbid": null, "host": "[::1]"}"#,
+        )
+        .expect("valid");
+        assert_eq!(config, RedisConfig::tcp("::1", 6379));
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "username": "worker"}"#),
+            Err(RedisConfigError::UsernameWithoutPassword)
+        ));
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "port": 0}"#),
+            Err(RedisConfigError::InvalidPort(_))
+        ));
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "host": ""}"#),
+            Err(RedisConfigError::MissingHost)
+        ));
+        assert!(serde_json::from_str::<SynapseRedisConfig>(r#"{"port": 70000}"#).is_err());
+    }
+
+    #[test]
+    fn synapse_tls() {
+        let config = synapse(
+            r#"{"enabled": true, "host": "redis", "use_tls": true,
+                "certificate_file": "/c.pem", "private_key_file": "/k.pem",
+                "ca_file": "/ca.pem", "ca_path": "/etc/ssl/certs"}"#,
+        )
+        .expect("valid");
+        let tls = config.tls().expect("tls");
+        assert_eq!(tls.certificate_file.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(tls.private_key_file.as_deref(), Some(Path::new("/k.pem")));
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(tls.ca_path.as_deref(), Some(Path::new("/etc/ssl/certs")));
+        assert_eq!(tls.server_name, None);
+        // The TLS files mean nothing without use_tls, as in Synapse.
+        let config = synapse(r#"{"enabled": true, "ca_file": "/ca.pem"}"#).expect("valid");
+        assert_eq!(config.tls(), None);
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "use_tls": true, "certificate_file": "/c.pem"}"#),
+            Err(RedisConfigError::CertificateWithoutKey)
+        ));
+        // Never plaintext when TLS was asked for.
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "use_tls": true, "path": "/run/redis.sock"}"#),
+            Err(RedisConfigError::TlsOverUnix)
+        ));
+    }
+
+    #[test]
+    fn synapse_password_path() {
+        let file = TempFile::new("password", "  s3cret pass\n\n");
+        let json = format!(
+            r#"{{"enabled": true, "password_path": {:?}}}"#,
+            file.0.display().to_string()
+        );
+        let config = synapse(&json).expect("valid");
+        assert_eq!(config.auth(), auth(None, "s3cret pass").as_ref());
+
+        let json = format!(
+            r#"{{"enabled": true, "password": "other", "password_path": {:?}}}"#,
+            file.0.display().to_string()
+        );
+        assert!(matches!(
+            synapse(&json),
+            Err(RedisConfigError::ConflictingPasswords)
+        ));
+
+        let empty = TempFile::new("empty", "\n");
+        let json = format!(
+            r#"{{"enabled": true, "password_path": {:?}}}"#,
+            empty.0.display().to_string()
+        );
+        assert!(matches!(
+            synapse(&json),
+            Err(RedisConfigError::EmptyPasswordFile(_))
+        ));
+
+        let missing = file.0.with_file_name("missing");
+        let json = format!(
+            r#"{{"enabled": true, "password_path": {:?}}}"#,
+            missing.display().to_string()
+        );
+        match synapse(&json) {
+            Err(error @ RedisConfigError::PasswordFile { .. }) => {
+                assert!(error.to_string().contains("missing"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
