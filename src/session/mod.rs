@@ -98,16 +98,14 @@
 mod error;
 mod lines;
 mod redis;
-mod stats;
 mod tcp;
 
 pub use error::SendError;
 
 pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
-    RedisSession, RedisSessionConfig,
+    RedisSession, RedisSessionConfig, RedisStats,
 };
-pub use stats::RedisStats;
 
 /// Renamed: one suffix for configuration across the crate.
 #[deprecated(note = "renamed to RedisSessionConfig")]

@@ -4,7 +4,7 @@
 
 use crate::wire::StreamName;
 
-use super::redis::RedisCounters;
+use super::counters::RedisCounters;
 
 /// A snapshot of a [`RedisSession`](super::RedisSession): how far behind the
 /// process is, and counters of what it has done. From
