@@ -10,7 +10,10 @@ use std::time::Duration;
 #[cfg(feature = "tls")]
 use futures_rustls::rustls::{self, ClientConfig};
 
-use super::redis_config::{RedisConfigError, RedisEndpoint};
+use super::redis_config::endpoint::RedisEndpoint;
+use super::redis_config::error::RedisConfigError;
+#[cfg(feature = "tls")]
+use super::redis_config::error::snippet;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// TLS to Redis (needs the crate's `tls` feature; rustls underneath).
@@ -130,7 +133,7 @@ fn tls_setup(
 ) -> Result<TlsSetup, RedisConfigError> {
     let name = tls.server_name.as_deref().unwrap_or(host);
     let server_name = rustls::pki_types::ServerName::try_from(name)
-        .map_err(|_| RedisConfigError::InvalidServerName(super::redis_config::snippet(name)))?
+        .map_err(|_| RedisConfigError::InvalidServerName(snippet(name)))?
         .to_owned();
     let mut cached = client
         .cache
@@ -212,7 +215,7 @@ mod tls {
     use futures_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use futures_rustls::rustls::{ClientConfig, RootCertStore};
 
-    use super::super::redis_config::RedisConfigError;
+    use super::super::redis_config::error::RedisConfigError;
     use super::TlsConfig;
 
     /// rustls with the ring provider, its safe default protocol versions,
