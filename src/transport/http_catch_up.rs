@@ -17,22 +17,21 @@ use std::path::Path;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, ready};
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{self, Either};
-use futures::io::{AsyncRead, AsyncWrite};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1;
 use hyper::header::{self, HeaderValue};
-use hyper::rt::ReadBufCursor;
 
 use crate::positions::{CatchUpPage, CatchUpPageError, CatchUpRequest};
 use crate::wire::{InstanceName, StreamName, snippet};
 use crate::writers::{InstanceLocation, StreamWriters};
 
 use super::dial::{self, TlsClient, TlsConfig};
+use super::hyper_io::HyperIo;
 use super::redis_config::RedisEndpoint;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::synapse_config::SynapseConfig;
@@ -363,7 +362,7 @@ impl<R: Runtime> Shared<R> {
         let connection = connect
             .await
             .map_err(|source| fail.connect(&address, source))?;
-        let (mut sender, connection) = http1::handshake(Io::new(connection))
+        let (mut sender, connection) = http1::handshake(HyperIo::new(connection, READ_CHUNK))
             .await
             .map_err(|error| fail.request(error))?;
         let mut connection = pin!(connection);
@@ -655,56 +654,6 @@ impl<'a> Failure<'a> {
     }
 }
 
-/// hyper's I/O traits over a `futures::io` connection. Reads go through a
-/// small buffer of our own (hyper's is uninitialised, and this crate
-/// forbids `unsafe`).
-struct Io {
-    inner: BoxConnection,
-    scratch: Box<[u8]>,
-}
-
-impl Io {
-    fn new(inner: BoxConnection) -> Io {
-        Io {
-            inner,
-            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
-        }
-    }
-}
-
-impl hyper::rt::Read for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        mut buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let len = buf.remaining().min(this.scratch.len());
-        let scratch = &mut this.scratch[..len];
-        let read = ready!(Pin::new(&mut this.inner).poll_read(cx, scratch))?;
-        buf.put_slice(&scratch[..read.min(len)]);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl hyper::rt::Write for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_close(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -864,27 +813,5 @@ mod tests {
             "{error}"
         );
         assert!(!format!("{error} {error:?} {bad:?}").contains("new\nline"));
-    }
-
-    #[test]
-    fn io_reads_through_the_scratch_buffer() {
-        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
-        let mut io = Io::new(Box::new(futures::io::Cursor::new(data.clone())));
-        let mut out = Vec::new();
-        let mut storage = vec![std::mem::MaybeUninit::<u8>::uninit(); 10_000];
-        smol::block_on(async {
-            loop {
-                let mut buf = hyper::rt::ReadBuf::uninit(&mut storage);
-                poll_fn(|cx| hyper::rt::Read::poll_read(Pin::new(&mut io), cx, buf.unfilled()))
-                    .await
-                    .unwrap();
-                if buf.filled().is_empty() {
-                    break;
-                }
-                assert!(buf.filled().len() <= READ_CHUNK);
-                out.extend_from_slice(buf.filled());
-            }
-        });
-        assert_eq!(out, data);
     }
 }

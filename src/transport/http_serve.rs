@@ -18,16 +18,14 @@ use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{self, Either};
-use futures::io::{AsyncRead, AsyncWrite};
 use futures::stream::{FuturesUnordered, StreamExt};
 use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderValue};
-use hyper::rt::ReadBufCursor;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
@@ -36,6 +34,7 @@ use crate::positions::{
 };
 
 use super::CatchUpSource;
+use super::hyper_io::HyperIo;
 use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 
 /// The size of the buffer bytes are read into before hyper copies them.
@@ -404,7 +403,7 @@ async fn serve<R: Runtime>(
         .keep_alive(false)
         .max_buf_size(max_buf)
         .max_headers(100)
-        .serve_connection(Io::new(socket), service);
+        .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
     let connection = pin!(connection);
     // A little longer than the answer's own deadline, to send a 504.
     let cut = runtime.sleep_until(deadline + Duration::from_secs(1));
@@ -428,7 +427,7 @@ async fn refuse<R: Runtime>(runtime: Arc<R>, socket: BoxConnection) {
     let connection = http1::Builder::new()
         .keep_alive(false)
         .max_buf_size(MIN_BUFFER)
-        .serve_connection(Io::new(socket), service);
+        .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
     let cut = runtime.sleep_until(runtime.now() + REFUSAL_TIMEOUT);
     let _ = future::select(pin!(connection), cut).await;
 }
@@ -592,55 +591,6 @@ async fn collect(body: &mut Incoming, cap: usize) -> Result<Option<Bytes>, hyper
         bytes.extend_from_slice(&data);
     }
     Ok(Some(bytes.freeze()))
-}
-
-/// hyper's I/O traits over a `futures::io` connection, through a buffer
-/// of our own (hyper's is uninitialised, and this crate forbids `unsafe`).
-struct Io {
-    inner: BoxConnection,
-    scratch: Box<[u8]>,
-}
-
-impl Io {
-    fn new(inner: BoxConnection) -> Io {
-        Io {
-            inner,
-            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
-        }
-    }
-}
-
-impl hyper::rt::Read for Io {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        mut buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let len = buf.remaining().min(this.scratch.len());
-        let scratch = &mut this.scratch[..len];
-        let read = ready!(Pin::new(&mut this.inner).poll_read(cx, scratch))?;
-        buf.put_slice(&scratch[..read.min(len)]);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl hyper::rt::Write for Io {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_close(cx)
-    }
 }
 
 #[cfg(all(test, feature = "runtime-smol", feature = "http-catch-up"))]

@@ -215,6 +215,8 @@ mod dial;
 mod http_catch_up;
 #[cfg(feature = "http-server")]
 mod http_serve;
+#[cfg(any(feature = "http-catch-up", feature = "http-server"))]
+mod hyper_io;
 mod redis;
 mod redis_config;
 mod runtime;
