@@ -184,7 +184,7 @@ impl SubscriptionKind {
 /// A frame as a subscriber sees it: a message, a subscription
 /// confirmation, a keep-alive answer, or any other reply.
 ///
-/// [`RespDecoder::decode_pubsub`](super::Decoder::decode_pubsub) returns these;
+/// [`RespDecoder::decode_pubsub`](super::RespDecoder::decode_pubsub) returns these;
 /// [`Incoming::from_frame`] classifies a frame the same way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -213,7 +213,7 @@ pub enum Incoming {
 
 impl Incoming {
     /// Classifies a frame as
-    /// [`RespDecoder::decode_pubsub`](super::Decoder::decode_pubsub) does.
+    /// [`RespDecoder::decode_pubsub`](super::RespDecoder::decode_pubsub) does.
     ///
     /// An array or push is a message, subscription confirmation or pong only
     /// when its shape is exactly Redis's: the lowercase name as a bulk

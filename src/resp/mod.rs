@@ -80,7 +80,3 @@ pub use encode::{
 };
 pub use error::{RespEncodeError, RespError};
 pub use frame::{Frame, Incoming, Message, SubscriptionKind};
-
-/// Renamed: `wire::Decoder` is the line decoder.
-#[deprecated(note = "renamed to RespDecoder")]
-pub type Decoder = RespDecoder;

@@ -98,6 +98,7 @@
 mod error;
 mod lines;
 mod redis;
+pub mod sentinel;
 mod tcp;
 
 pub use error::SendError;
@@ -106,16 +107,11 @@ pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
     RedisSession, RedisSessionConfig, RedisStats,
 };
+pub use sentinel::{
+    DiscoveryError, DiscoveryStep, MasterAddr, NodeRole, SentinelDiscovery, SentinelError,
+    SentinelTarget, SentinelWatch, WatchEvent,
+};
 
-/// Renamed: one suffix for configuration across the crate.
-#[deprecated(note = "renamed to RedisSessionConfig")]
-pub type RedisOptions = RedisSessionConfig;
-/// Renamed: one suffix for configuration across the crate.
-#[deprecated(note = "renamed to TcpSessionConfig")]
-pub type TcpConfig = TcpSessionConfig;
-/// Renamed: it is an error reply from Redis.
-#[deprecated(note = "renamed to RedisErrorReply")]
-pub type ServerError = RedisErrorReply;
 pub use tcp::{
     ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession, TcpError,
     TcpSessionConfig,

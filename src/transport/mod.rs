@@ -253,15 +253,6 @@ pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 pub use smol::SmolRuntime;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
-/// Renamed: one suffix for configuration across the crate.
-#[deprecated(note = "renamed to RedisClientConfig")]
-pub type RedisClientOptions = RedisClientConfig;
-/// Renamed: one suffix for configuration across the crate.
-#[deprecated(note = "renamed to TcpClientConfig")]
-pub type TcpClientOptions = TcpClientConfig;
-/// Renamed: one suffix for configuration across the crate.
-#[deprecated(note = "renamed to TcpServerConfig")]
-pub type TcpServerOptions = TcpServerConfig;
 pub use command_queue::{CommandSendError, CommandSender};
 pub use socket::Disconnect;
 pub use tcp_client::{TcpClient, TcpClientConfig, TcpClientEvent};

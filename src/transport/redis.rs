@@ -894,12 +894,12 @@ impl RedisConfig {
         options.database = self.database();
         options
     }
+}
 
-    /// Renamed: one suffix for configuration across the crate.
-    #[deprecated(note = "renamed to session_config")]
-    pub fn session_options(&self, prefix: impl Into<String>) -> RedisSessionConfig {
-        self.session_config(prefix)
-    }
+fn master_name(live: &Live) -> String {
+    live.master
+        .as_ref()
+        .map_or_else(|| "the node".to_owned(), ToString::to_string)
 }
 
 fn slot_index(link: RedisLink) -> usize {

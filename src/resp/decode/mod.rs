@@ -11,119 +11,22 @@
 //! the second pass, [`RespDecoder::build`], turns the tokens into a [`Frame`]
 //! whose strings are views of the frozen bytes.
 
+//!
+//! `limits` holds the caps; `fast` the subscriber's hot path for
+//! `message` frames on known channels.
+
+mod fast;
+mod limits;
+
+pub use fast::Channels;
+pub use limits::Limits;
+
 use bytes::{Bytes, BytesMut};
 
 use super::error::{RespError, snippet};
 use super::frame::{Frame, Incoming, Message};
 use super::value;
-
-/// Caps on what one frame may declare, checked as soon as a header is read
-/// (before waiting for, or allocating anything for, what it declares), so
-/// that a broken or hostile server cannot make the decoder allocate, buffer
-/// or nest without bound.
-///
-/// ```
-/// use synapse_replication::resp::{RespDecoder, Limits};
-///
-/// let limits = Limits::new().with_max_bulk_len(1 << 20).with_max_depth(8);
-/// let decoder = RespDecoder::with_limits(limits);
-/// assert_eq!(decoder.limits().max_depth, 8);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Limits {
-    /// The longest bulk string, bulk error or verbatim string, in bytes.
-    /// Default 64 MiB (Redis' own `proto-max-bulk-len` is 512 MiB; a
-    /// replication payload is a few kilobytes).
-    pub max_bulk_len: usize,
-    /// The most elements in one array, set or push, or pairs in one map or
-    /// attribute. Default 1 Mi.
-    pub max_elements: usize,
-    /// The deepest nesting of aggregates: a flat array is depth 1; an
-    /// attribute counts as a level. Default 32. Values above
-    /// [`Limits::DEPTH_CEILING`] act as that ceiling, because dropping,
-    /// cloning or comparing a [`Frame`] recurses once per level.
-    pub max_depth: usize,
-    /// The longest simple string, error, integer, double or big number
-    /// line, in bytes without its CRLF. Default 64 KiB (Redis'
-    /// `proto-inline-max-size`).
-    pub max_line_len: usize,
-    /// The largest frame, in bytes, everything included: the most a
-    /// transport must buffer for one incomplete frame. Default 128 MiB.
-    pub max_frame_len: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits::new()
-    }
-}
-
-impl Limits {
-    /// The default [`Limits::max_bulk_len`]: 64 MiB.
-    pub const DEFAULT_MAX_BULK_LEN: usize = 64 << 20;
-    /// The default [`Limits::max_elements`]: 1 Mi.
-    pub const DEFAULT_MAX_ELEMENTS: usize = 1 << 20;
-    /// The default [`Limits::max_depth`]: 32.
-    pub const DEFAULT_MAX_DEPTH: usize = 32;
-    /// The default [`Limits::max_line_len`]: 64 KiB.
-    pub const DEFAULT_MAX_LINE_LEN: usize = 64 << 10;
-    /// The default [`Limits::max_frame_len`]: 128 MiB.
-    pub const DEFAULT_MAX_FRAME_LEN: usize = 128 << 20;
-    /// The deepest nesting the decoder accepts whatever
-    /// [`Limits::max_depth`] says: 256.
-    pub const DEPTH_CEILING: usize = 256;
-
-    /// The default limits.
-    pub const fn new() -> Self {
-        Limits {
-            max_bulk_len: Self::DEFAULT_MAX_BULK_LEN,
-            max_elements: Self::DEFAULT_MAX_ELEMENTS,
-            max_depth: Self::DEFAULT_MAX_DEPTH,
-            max_line_len: Self::DEFAULT_MAX_LINE_LEN,
-            max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
-        }
-    }
-
-    /// Sets [`Limits::max_bulk_len`].
-    #[must_use]
-    pub const fn with_max_bulk_len(mut self, max: usize) -> Self {
-        self.max_bulk_len = max;
-        self
-    }
-
-    /// Sets [`Limits::max_elements`].
-    #[must_use]
-    pub const fn with_max_elements(mut self, max: usize) -> Self {
-        self.max_elements = max;
-        self
-    }
-
-    /// Sets [`Limits::max_depth`].
-    #[must_use]
-    pub const fn with_max_depth(mut self, max: usize) -> Self {
-        self.max_depth = max;
-        self
-    }
-
-    /// Sets [`Limits::max_line_len`].
-    #[must_use]
-    pub const fn with_max_line_len(mut self, max: usize) -> Self {
-        self.max_line_len = max;
-        self
-    }
-
-    /// Sets [`Limits::max_frame_len`].
-    #[must_use]
-    pub const fn with_max_frame_len(mut self, max: usize) -> Self {
-        self.max_frame_len = max;
-        self
-    }
-
-    fn depth(&self) -> usize {
-        self.max_depth.min(Self::DEPTH_CEILING)
-    }
-}
+use fast::fast_integer;
 
 /// An incremental RESP2 and RESP3 decoder: bytes in, [`Frame`]s out.
 ///
@@ -152,7 +55,7 @@ impl Limits {
 /// [`RespDecoder::decode_bytes`] the same contract on an immutable [`Bytes`].
 #[derive(Clone, Debug, Default)]
 pub struct RespDecoder {
-    limits: Limits,
+    pub(super) limits: Limits,
     /// Where the next header of the pending frame starts.
     pos: usize,
     /// The buffer length below which no progress is possible.
@@ -169,9 +72,9 @@ pub struct RespDecoder {
 
 /// A range of the buffer.
 #[derive(Clone, Copy, Debug)]
-struct Span {
-    start: usize,
-    end: usize,
+pub(super) struct Span {
+    pub(super) start: usize,
+    pub(super) end: usize,
 }
 
 /// A scalar, located in the buffer.
@@ -235,66 +138,12 @@ enum Progress {
 /// so one huge frame does not pin memory for the connection's lifetime.
 const TOKENS_KEPT: usize = 4096;
 
-/// The channels a subscriber listens on, for
-/// [`RespDecoder::decode_message_on`]: each with the bytes that every `message`
-/// on it starts with (after the type byte), so that one comparison finds
-/// both that a frame is a message and which channel it is on.
-///
-/// ```
-/// use bytes::{Bytes, BytesMut};
-/// use synapse_replication::resp::{Channels, RespDecoder};
-///
-/// let channels = Channels::new([Bytes::from_static(b"example.com")]);
-/// let mut buf = BytesMut::from(&b"*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n$4\r\nPING\r\n"[..]);
-/// let (index, payload) = RespDecoder::new().decode_message_on(&mut buf, &channels).unwrap();
-/// assert_eq!((index, &payload[..]), (0, &b"PING"[..]));
-/// assert!(buf.is_empty());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Channels {
-    names: Vec<Bytes>,
-    /// `3\r\n$7\r\nmessage\r\n$<len>\r\n<name>\r\n`, one per name.
-    prefixes: Vec<Vec<u8>>,
-}
-
-impl Channels {
-    /// The channels `names`, in this order (indices are positions here).
-    pub fn new(names: impl IntoIterator<Item = Bytes>) -> Channels {
-        let names: Vec<Bytes> = names.into_iter().collect();
-        let prefixes = names
-            .iter()
-            .map(|name| {
-                let mut prefix = b"3\r\n$7\r\nmessage\r\n$".to_vec();
-                prefix.extend_from_slice(name.len().to_string().as_bytes());
-                prefix.extend_from_slice(b"\r\n");
-                prefix.extend_from_slice(name);
-                prefix.extend_from_slice(b"\r\n");
-                prefix
-            })
-            .collect();
-        Channels { names, prefixes }
-    }
-
-    /// The channels' names.
-    pub fn names(&self) -> &[Bytes] {
-        &self.names
-    }
-
-    /// The index of `channel`, if it is one of these.
-    pub fn index(&self, channel: &[u8]) -> Option<usize> {
-        self.names.iter().position(|name| name[..] == *channel)
-    }
-}
-
-/// The fast path's view of a pub/sub message.
-struct FastMessage {
-    pattern: Option<Span>,
-    channel: Span,
-    payload: Span,
-    end: usize,
-}
-
 impl RespDecoder {
+    /// Whether no frame is under way (nothing scanned, nothing pending).
+    fn is_idle(&self) -> bool {
+        self.pos == 0 && self.tokens.is_empty()
+    }
+
     /// A decoder with the default [`Limits`].
     pub const fn new() -> Self {
         Self::with_limits(Limits::new())
@@ -400,79 +249,6 @@ impl RespDecoder {
             }
         }
         Ok(self.decode(buf)?.map(Incoming::from_frame))
-    }
-
-    /// The subscriber's hot path: a complete `message` at the front of
-    /// `buf` on one of `channels` is removed from the buffer, and its
-    /// channel's index and payload returned. The payload is split off the
-    /// buffer directly (one reference count increment, no [`Frame`], no
-    /// channel `Bytes`). `None` (nothing consumed) for anything else,
-    /// which [`RespDecoder::decode_pubsub`] then decodes.
-    pub fn decode_message_on(
-        &mut self,
-        buf: &mut BytesMut,
-        channels: &Channels,
-    ) -> Option<(usize, Bytes)> {
-        if self.pos != 0 || !self.tokens.is_empty() {
-            return None;
-        }
-        let limits = &self.limits;
-        if !fast_paths_fit(limits) {
-            return None;
-        }
-        let (&first, rest) = buf.split_first()?;
-        if first != b'*' && first != b'>' {
-            return None;
-        }
-        let index = channels
-            .prefixes
-            .iter()
-            .position(|prefix| rest.starts_with(prefix))?;
-        let at = 1 + channels.prefixes.get(index)?.len();
-        if channels.names.get(index)?.len() > limits.max_bulk_len {
-            return None;
-        }
-        let (payload, end) = fast_bulk(buf, at, limits.max_bulk_len)?;
-        if end > limits.max_frame_len || payload.start > payload.end || end < payload.end {
-            return None;
-        }
-        self.reset();
-        bytes::Buf::advance(buf, payload.start);
-        let payload_bytes = buf.split_to(payload.end - payload.start).freeze();
-        bytes::Buf::advance(buf, end - payload.end);
-        Some((index, payload_bytes))
-    }
-
-    /// A complete, well-formed `message` or `pmessage` within the limits
-    /// at the front of `buf`; `None` sends anything else down the general
-    /// path, which decides between waiting and an error.
-    fn fast_message(&self, buf: &[u8]) -> Option<FastMessage> {
-        const MESSAGE: &[u8] = b"3\r\n$7\r\nmessage\r\n";
-        const PMESSAGE: &[u8] = b"4\r\n$8\r\npmessage\r\n";
-        let limits = &self.limits;
-        if !fast_paths_fit(limits) {
-            return None;
-        }
-        let (&first, rest) = buf.split_first()?;
-        if first != b'*' && first != b'>' {
-            return None;
-        }
-        let (pattern, at) = if rest.starts_with(MESSAGE) {
-            (None, 1 + MESSAGE.len())
-        } else if rest.starts_with(PMESSAGE) {
-            let (pattern, at) = fast_bulk(buf, 1 + PMESSAGE.len(), limits.max_bulk_len)?;
-            (Some(pattern), at)
-        } else {
-            return None;
-        };
-        let (channel, at) = fast_bulk(buf, at, limits.max_bulk_len)?;
-        let (payload, end) = fast_bulk(buf, at, limits.max_bulk_len)?;
-        (end <= limits.max_frame_len).then_some(FastMessage {
-            pattern,
-            channel,
-            payload,
-            end,
-        })
     }
 
     /// Pass one: finds where the first frame ends, or that it has not
@@ -886,7 +662,7 @@ enum Len {
 }
 
 /// The most digits a length may have: any more cannot fit the caps.
-const MAX_LEN_DIGITS: usize = 19;
+pub(super) const MAX_LEN_DIGITS: usize = 19;
 
 /// Reads a length header (type byte, `-1` or decimal digits, CRLF) at the
 /// start of `input`: the length and the header's size, or `None` if it is
@@ -921,78 +697,6 @@ fn parse_len(input: &[u8]) -> Result<Option<(Len, usize)>, RespError> {
         (true, _, _) => return Err(invalid_length(input)),
     };
     Ok(Some((len, index + 2)))
-}
-
-/// Whether the message fast paths may run: under these limits, every
-/// header they accept (at most 19 digits) is a line the general path
-/// accepts too, a message's array fits, and so do its fixed bulk strings
-/// (`message`, `pmessage`: they check only the variable ones). Tighter
-/// limits (tests, fuzzing) leave everything to the general path, which
-/// reports them exactly.
-fn fast_paths_fit(limits: &Limits) -> bool {
-    limits.depth() >= 1
-        && limits.max_elements >= 4
-        && limits.max_line_len > MAX_LEN_DIGITS
-        && limits.max_bulk_len >= b"pmessage".len()
-}
-
-/// A complete `:<digits>\r\n` (at most 18 digits, optional `-`) at the
-/// front of `buf`: its value and length. Anything else takes the general
-/// path.
-#[inline]
-fn fast_integer(buf: &[u8], limits: &Limits) -> Option<(i64, usize)> {
-    let rest = buf.strip_prefix(b":")?;
-    let (negative, digits_at) = match rest.first()? {
-        b'-' => (true, 2),
-        _ => (false, 1),
-    };
-    let mut value: i64 = 0;
-    let mut index = digits_at;
-    loop {
-        let byte = *buf.get(index)?;
-        if byte.is_ascii_digit() && index - digits_at < 18 {
-            value = value * 10 + i64::from(byte - b'0');
-            index += 1;
-        } else if byte == b'\r' && index > digits_at {
-            break;
-        } else {
-            return None;
-        }
-    }
-    // Within the limits as the general path counts them (the line after
-    // the type byte; the frame with its CRLF), or left to it to refuse.
-    let within = index - 1 <= limits.max_line_len && index + 2 <= limits.max_frame_len;
-    (within && buf.get(index + 1) == Some(&b'\n'))
-        .then_some((if negative { -value } else { value }, index + 2))
-}
-
-/// A bulk string at `at` for the fast path: its payload and the offset
-/// after it, if complete, well-formed and within `max` bytes.
-fn fast_bulk(buf: &[u8], at: usize, max: usize) -> Option<(Span, usize)> {
-    let (&dollar, digits) = buf.get(at..)?.split_first()?;
-    if dollar != b'$' {
-        return None;
-    }
-    // At most 19 digits: no overflow in a u64.
-    let mut len: u64 = 0;
-    let mut count = 0;
-    for &byte in digits.iter().take(MAX_LEN_DIGITS) {
-        let digit = byte.wrapping_sub(b'0');
-        if digit > 9 {
-            break;
-        }
-        len = len * 10 + u64::from(digit);
-        count += 1;
-    }
-    let cr = at + 1 + count;
-    if count == 0 || buf.get(cr..cr + 2)? != b"\r\n" {
-        return None;
-    }
-    let len = usize::try_from(len).ok().filter(|&len| len <= max)?;
-    let start = cr + 2;
-    let end = start.checked_add(len)?;
-    let next = end.checked_add(2)?;
-    (buf.get(end..next)? == b"\r\n").then_some((Span { start, end }, next))
 }
 
 fn invalid(what: &'static str, input: &[u8]) -> RespError {
