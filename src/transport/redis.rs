@@ -896,12 +896,6 @@ impl RedisConfig {
     }
 }
 
-fn master_name(live: &Live) -> String {
-    live.master
-        .as_ref()
-        .map_or_else(|| "the node".to_owned(), ToString::to_string)
-}
-
 fn slot_index(link: RedisLink) -> usize {
     match link {
         RedisLink::Subscriber => 0,
