@@ -145,6 +145,42 @@ fn a_full_redis_command_sender_refuses_and_counts() {
     ));
 }
 
+#[test]
+fn a_sender_shuts_a_tcp_client_down_from_another_task() {
+    let follower = Follower::new(
+        InstanceName::from("worker1"),
+        Arc::new(StreamWriters::default()),
+    );
+    let session = ClientSession::new("example.com", follower).expect("a session");
+    let addr = format!("127.0.0.1:{}", closed_port());
+    let mut client = TcpClient::new(SmolRuntime, addr, session);
+    let sender = client.sender();
+    smol::block_on(async {
+        // The client waits (retrying a closed port) until another task
+        // shuts it down.
+        let stop = async {
+            smol::Timer::after(Duration::from_millis(50)).await;
+            sender.shutdown();
+        };
+        let drain = async {
+            while client.next_event().await.is_some() {}
+            Some(())
+        };
+        let give_up = async {
+            smol::Timer::after(PATIENCE).await;
+            panic!("the client never shut down");
+        };
+        let both = async { futures::future::join(drain, stop).await.0 };
+        let ended = smol::future::or(both, give_up).await;
+        assert_eq!(ended, Some(()), "next_event returned None");
+    });
+    assert!(smol::block_on(client.next_event()).is_none());
+    assert!(matches!(
+        sender.send(command(1)),
+        Err(CommandSendError::Closed(_))
+    ));
+}
+
 /// Polls the server until `want` accepts an event, or fails after
 /// [`PATIENCE`].
 fn next_matching(

@@ -2,7 +2,7 @@
 //! the bounded queue behind it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use futures::channel::mpsc;
@@ -46,6 +46,8 @@ struct QueueCount {
     capacity: usize,
     len: AtomicUsize,
     refused: AtomicU64,
+    /// [`CommandSender::shutdown`] was called.
+    shutdown: AtomicBool,
 }
 
 /// Sends commands to a [`TcpClient`](super::TcpClient) or a [`RedisClient`](super::RedisClient)
@@ -97,6 +99,16 @@ impl CommandSender {
     pub fn capacity(&self) -> usize {
         self.count.capacity
     }
+
+    /// Stops the client from another task: its `next_event` returns `None`
+    /// from its next call on (waking it if it waits), after closing its
+    /// connections without waiting for what is unsent (use the client's
+    /// own `close` for that). Commands sent from now on are refused
+    /// ([`CommandSendError::Closed`]).
+    pub fn shutdown(&self) {
+        self.count.shutdown.store(true, Ordering::Release);
+        self.sender.close_channel();
+    }
 }
 
 /// The client's end of the command queue.
@@ -113,6 +125,7 @@ impl CommandQueue {
             capacity,
             len: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            shutdown: AtomicBool::new(false),
         });
         let queue = CommandQueue {
             receiver,
@@ -133,6 +146,11 @@ impl CommandQueue {
     /// Refuses every command from now on ([`CommandSendError::Closed`]).
     pub(super) fn close(&mut self) {
         self.receiver.close();
+    }
+
+    /// Whether [`CommandSender::shutdown`] was called.
+    pub(super) fn shutdown_requested(&self) -> bool {
+        self.count.shutdown.load(Ordering::Acquire)
     }
 
     /// Commands refused because the queue was full.

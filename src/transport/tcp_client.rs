@@ -10,7 +10,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::positions::{
-    CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, FollowerEvent, RowSource, Rows,
+    CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Rows,
+    SeedError,
 };
 use crate::session::{ClientEvent, ClientSession, ConnectionState, SendError};
 use crate::wire::{Command, CommandKind, InstanceName, StreamName, Token};
@@ -363,6 +364,24 @@ impl<R: Runtime> TcpClient<R> {
         self.catch_ups.stuck()
     }
 
+    /// Sets where following `writer` on `stream` resumes (a position the
+    /// application persisted; see [`Follower::set_position`]).
+    pub fn set_position(
+        &mut self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+    ) -> Result<(), SeedError> {
+        self.session
+            .follower_mut()
+            .set_position(stream, writer, token)
+    }
+
+    /// The follower: positions ([`Follower::positions`]), counters.
+    pub fn follower(&self) -> &Follower {
+        self.session.follower()
+    }
+
     /// The session (the follower, the connection's state).
     pub fn session(&self) -> &ClientSession {
         &self.session
@@ -441,6 +460,11 @@ impl<R: Runtime> TcpClient<R> {
             })
             .await;
         }
+        self.shut_down();
+    }
+
+    /// Stops at once: the connection is dropped, nothing more is reported.
+    fn shut_down(&mut self) {
         if !matches!(self.state, ClientState::Shutdown) {
             self.session.disconnected();
         }
@@ -452,6 +476,9 @@ impl<R: Runtime> TcpClient<R> {
 
     /// Polls for the next event; see [`next_event`](TcpClient::next_event).
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<TcpClientEvent>> {
+        if self.commands.shutdown_requested() {
+            self.shut_down();
+        }
         for _ in 0..BUDGET {
             if let Some(event) = self.events.pop_front() {
                 return Poll::Ready(Some(event));

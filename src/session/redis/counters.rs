@@ -4,9 +4,22 @@ use std::collections::BTreeMap;
 
 use crate::wire::CommandKind;
 
-/// How many commands of each kind, indexed as [`CommandKind::ALL`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How many commands of each kind, indexed as [`CommandKind::ALL`]. Its
+/// `Debug` output names the kinds counted (`{"RDATA": 12, "POSITION": 3}`).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommandCounts([u64; CommandKind::ALL.len()]);
+
+impl std::fmt::Debug for CommandCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(
+                self.iter()
+                    .filter(|(_, count)| *count > 0)
+                    .map(|(kind, count)| (kind.as_str(), count)),
+            )
+            .finish()
+    }
+}
 
 impl CommandCounts {
     /// The count for `kind`.
@@ -70,4 +83,19 @@ pub struct RedisCounters {
     /// [`RedisSession::WARNING_INTERVAL`](crate::session::RedisSession::WARNING_INTERVAL) before (malformed messages,
     /// impostor echoes); the next one logged says how many it stands for.
     pub suppressed_warnings: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_names_the_kinds_counted() {
+        let mut counts = CommandCounts::default();
+        counts.add(CommandKind::Rdata);
+        counts.add(CommandKind::Rdata);
+        counts.add(CommandKind::Position);
+        assert_eq!(format!("{counts:?}"), r#"{"RDATA": 2, "POSITION": 1}"#);
+        assert_eq!(format!("{:?}", CommandCounts::default()), "{}");
+    }
 }
