@@ -211,10 +211,11 @@ mod tls {
     use std::path::Path;
     use std::sync::Arc;
 
-    use futures_rustls::rustls::pki_types::pem::{self, PemObject};
-    use futures_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use futures_rustls::rustls::pki_types::CertificateDer;
+    use futures_rustls::rustls::pki_types::pem::PemObject;
     use futures_rustls::rustls::{ClientConfig, RootCertStore};
 
+    use super::super::pem::{PemFileError, certificates, private_key};
     use super::super::redis_config::error::RedisConfigError;
     use super::TlsConfig;
 
@@ -230,7 +231,7 @@ mod tls {
         match (&tls.certificate_file, &tls.private_key_file) {
             (Some(certificate_file), Some(private_key_file)) => {
                 let chain = certificates(certificate_file, "certificate_file")?;
-                let key = private_key(private_key_file)?;
+                let key = private_key(private_key_file, "private_key_file")?;
                 builder
                     .with_client_auth_cert(chain, key)
                     .map_err(|error| RedisConfigError::Tls(error.to_string()))
@@ -291,31 +292,11 @@ mod tls {
         Ok(())
     }
 
-    /// All certificates in a PEM file; at least one.
-    fn certificates(
-        path: &Path,
-        what: &'static str,
-    ) -> Result<Vec<CertificateDer<'static>>, RedisConfigError> {
-        let certificates = CertificateDer::pem_file_iter(path)
-            .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
-            .map_err(|error| file_error(what, path, error))?;
-        if certificates.is_empty() {
-            return Err(file_error(what, path, "no certificate in the file"));
+    impl From<PemFileError> for RedisConfigError {
+        fn from(error: PemFileError) -> RedisConfigError {
+            let PemFileError { what, path, reason } = error;
+            RedisConfigError::TlsFile { what, path, reason }
         }
-        Ok(certificates)
-    }
-
-    /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file. The
-    /// parser's own messages are not passed on: they may quote the file.
-    fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, RedisConfigError> {
-        PrivateKeyDer::from_pem_file(path).map_err(|error| {
-            let reason = match error {
-                pem::Error::Io(error) => error.to_string(),
-                pem::Error::NoItemsFound => "no private key in the file".to_owned(),
-                _ => "malformed PEM".to_owned(),
-            };
-            file_error("private_key_file", path, reason)
-        })
     }
 
     fn file_error(what: &'static str, path: &Path, reason: impl ToString) -> RedisConfigError {

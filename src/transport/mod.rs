@@ -217,6 +217,8 @@ mod http_catch_up;
 mod http_serve;
 #[cfg(any(feature = "http-catch-up", feature = "http-server"))]
 mod hyper_io;
+#[cfg(feature = "tls")]
+mod pem;
 mod redis;
 mod redis_config;
 mod runtime;
