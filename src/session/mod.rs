@@ -98,6 +98,7 @@
 mod error;
 mod lines;
 mod redis;
+pub mod sentinel;
 mod tcp;
 
 pub use error::SendError;
@@ -105,6 +106,10 @@ pub use error::SendError;
 pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
     RedisSession, RedisSessionConfig, RedisStats,
+};
+pub use sentinel::{
+    DiscoveryError, DiscoveryStep, MasterAddr, NodeRole, SentinelDiscovery, SentinelError,
+    SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 pub use tcp::{

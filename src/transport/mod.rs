@@ -222,6 +222,7 @@ mod pem;
 mod redis;
 mod redis_config;
 mod runtime;
+mod sentinel;
 #[cfg(feature = "runtime-smol")]
 mod smol;
 mod socket;
@@ -248,8 +249,12 @@ pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
 pub use http_serve::{HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
-pub use redis_config::{RedisConfig, RedisConfigError, RedisEndpoint, SynapseRedisConfig};
+pub use redis_config::{
+    DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
+    SynapseRedisConfig,
+};
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
+pub use sentinel::SentinelEvent;
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
 pub use smol::SmolRuntime;

@@ -23,10 +23,12 @@ use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::command_queue::{CommandQueue, CommandSender};
 use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use super::sentinel::{FoundMaster, MasterSearch, SentinelEvent, SentinelWatcher};
 use super::socket::Disconnect;
 use super::socket::{Link, Timer};
 use super::synapse_config::SynapseConfig;
 use super::{Backoff, BoxError, CatchUpSource};
+use crate::session::MasterAddr;
 
 /// Passes of a driver's poll before it yields to the executor.
 const BUDGET: usize = 32;
@@ -208,6 +210,9 @@ pub enum RedisClientEvent {
     /// once per run of failures; it is still retried). Until it succeeds it
     /// is listed by `stuck_catch_ups`.
     CatchUpStuck(StuckCatchUp),
+    /// What the sentinels said (with a sentinel [`RedisConfig`] only):
+    /// the master each link found, failovers, the watch's ups and downs.
+    Sentinel(SentinelEvent),
     /// A command given to a [`CommandSender`] could not be sent (not
     /// ready, or refused); it was dropped.
     SendFailed {
@@ -283,6 +288,7 @@ impl fmt::Display for RedisClientEvent {
                 retry_in.as_millis()
             ),
             RedisClientEvent::CatchUpStuck(stuck) => write!(f, "{stuck}"),
+            RedisClientEvent::Sentinel(event) => write!(f, "{event}"),
             RedisClientEvent::SendFailed { command, error } => {
                 write!(f, "sending {command} failed: {error}")
             }
@@ -296,12 +302,20 @@ struct Live {
     socket: Link,
     since: Instant,
     error: Option<String>,
+    /// The master the sentinels named (sentinel configurations only).
+    master: Option<MasterAddr>,
 }
 
 enum State {
     Start,
     Connecting {
         connect: BoxFuture<'static, io::Result<BoxConnection>>,
+        timeout: BoxFuture<'static, ()>,
+    },
+    /// Asking the sentinels where the master is (sentinel configurations
+    /// only).
+    Searching {
+        search: Box<MasterSearch>,
         timeout: BoxFuture<'static, ()>,
     },
     Connected(Box<Live>),
@@ -314,6 +328,7 @@ impl State {
         match self {
             State::Start => "start",
             State::Connecting { .. } => "connecting",
+            State::Searching { .. } => "searching",
             State::Connected(_) => "connected",
             State::Waiting(_) => "waiting",
             State::Idle => "idle",
@@ -385,6 +400,10 @@ pub struct RedisClient<R: Runtime> {
     commands: CommandQueue,
     sender: CommandSender,
     shutdown: bool,
+    /// Hears the sentinels' failovers (sentinel configurations only).
+    watcher: Option<SentinelWatcher>,
+    /// The sentinel to ask first: the last that named the master.
+    first_sentinel: usize,
 }
 
 impl<R: Runtime> fmt::Debug for RedisClient<R> {
@@ -452,7 +471,14 @@ impl<R: Runtime> RedisClient<R> {
             state: State::Start,
             backoff: Backoff::new(options.initial_backoff, options.max_backoff),
         };
+        let watcher = SentinelWatcher::new(
+            &config,
+            Backoff::new(options.initial_backoff, options.max_backoff),
+            options.stable_after,
+        );
         RedisClient {
+            watcher,
+            first_sentinel: 0,
             runtime,
             config,
             slots: [slot(), slot()],
@@ -667,6 +693,7 @@ impl<R: Runtime> RedisClient<R> {
                 progress |= self.poll_link(cx, link, now);
             }
             progress |= self.poll_timer(cx, now);
+            progress |= self.poll_watcher(cx, now);
             if !progress && self.events.is_empty() {
                 if let Some(event) = self.next_queued() {
                     return Poll::Ready(Some(event));
@@ -727,6 +754,17 @@ impl<R: Runtime> RedisClient<R> {
             }
             RedisEvent::PublishFailed { command, error } => {
                 tracing::warn!(%command, %error, "Redis refused a publish");
+                if error.code == "READONLY" && self.watcher.is_some() {
+                    // The node became a replica: nothing more goes to it.
+                    // Both links find the master again through the
+                    // sentinels.
+                    for slot in &mut self.slots {
+                        if let State::Connected(live) = &mut slot.state {
+                            live.error =
+                                Some(format!("{} is a replica now (READONLY)", master_name(live)));
+                        }
+                    }
+                }
             }
             RedisEvent::Closing { link, error } => {
                 tracing::warn!(%link, %error, "closing the connection to Redis");
@@ -773,6 +811,13 @@ impl<R: Runtime> RedisClient<R> {
                     return false;
                 }
                 let deadline = now + self.options.connect_timeout;
+                if let Some(search) = MasterSearch::new(&self.config, self.first_sentinel) {
+                    slot.state = State::Searching {
+                        search: Box::new(search),
+                        timeout: self.runtime.sleep_until(deadline),
+                    };
+                    return true;
+                }
                 slot.state = State::Connecting {
                     connect: self.config.connect(&self.runtime),
                     timeout: self.runtime.sleep_until(deadline),
@@ -804,6 +849,7 @@ impl<R: Runtime> RedisClient<R> {
                             socket: Link::new(io),
                             since: now,
                             error: None,
+                            master: None,
                         }));
                         self.session.connect(link, now);
                         self.flush_session();
@@ -818,6 +864,32 @@ impl<R: Runtime> RedisClient<R> {
                             ?retry_in,
                             "cannot connect to Redis"
                         );
+                        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+                        self.events.push_back(RedisClientEvent::ConnectFailed {
+                            link,
+                            error,
+                            retry_in,
+                        });
+                    }
+                }
+                true
+            }
+            State::Searching { search, timeout } => {
+                let result = match search.poll(cx, &self.runtime) {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => match timeout.as_mut().poll(cx) {
+                        Poll::Ready(()) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "finding the master through the sentinels timed out",
+                        )),
+                        Poll::Pending => return false,
+                    },
+                };
+                match result {
+                    Ok(found) => self.found_master(link, found, now),
+                    Err(error) => {
+                        let retry_in = slot.backoff.next_delay();
+                        tracing::warn!(%link, %error, ?retry_in, "no master from the sentinels");
                         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
                         self.events.push_back(RedisClientEvent::ConnectFailed {
                             link,
@@ -863,6 +935,91 @@ impl<R: Runtime> RedisClient<R> {
         }
     }
 
+    /// A link's discovery found the master: the link is up on the
+    /// connection that checked it.
+    fn found_master(&mut self, link: RedisLink, found: FoundMaster, now: Instant) {
+        let Some(slot) = self.slots.get_mut(slot_index(link)) else {
+            return;
+        };
+        let sentinels = self.config.sentinel_config();
+        let endpoint = |index: usize| {
+            sentinels
+                .and_then(|sentinels| sentinels.sentinels().get(index))
+                .cloned()
+                .unwrap_or_else(|| self.config.endpoint().clone())
+        };
+        let event = SentinelEvent::MasterFound {
+            link,
+            master: found.master.clone(),
+            sentinel: endpoint(found.sentinel),
+            rejected: found
+                .rejected
+                .into_iter()
+                .map(|(index, error)| (endpoint(index), error))
+                .collect(),
+        };
+        tracing::info!(%event, "found the Redis master");
+        self.first_sentinel = found.sentinel;
+        if let Some(watcher) = &mut self.watcher {
+            watcher.prefer(found.sentinel);
+        }
+        slot.state = State::Connected(Box::new(Live {
+            socket: Link::new(found.connection),
+            since: now,
+            error: None,
+            master: Some(found.master),
+        }));
+        self.session.connect(link, now);
+        self.flush_session();
+        self.events.push_back(RedisClientEvent::Sentinel(event));
+        self.events.push_back(RedisClientEvent::Connected { link });
+    }
+
+    /// Hears the sentinels: on a switch, links to another node than the
+    /// new master are closed and connect again at once.
+    fn poll_watcher(&mut self, cx: &mut Context<'_>, now: Instant) -> bool {
+        if self.shutdown {
+            return false;
+        }
+        let Some(watcher) = &mut self.watcher else {
+            return false;
+        };
+        let Poll::Ready(event) = watcher.poll(cx, &self.runtime, now) else {
+            return false;
+        };
+        match &event {
+            SentinelEvent::Switched { to, .. } => {
+                tracing::warn!(%event, "Redis failover");
+                self.flush_session();
+                self.events
+                    .push_back(RedisClientEvent::Sentinel(event.clone()));
+                for link in RedisLink::BOTH {
+                    let Some(slot) = self.slots.get_mut(slot_index(link)) else {
+                        continue;
+                    };
+                    let stale = match &slot.state {
+                        State::Connected(live) => live.master.as_ref() != Some(to),
+                        _ => false,
+                    };
+                    if stale {
+                        slot.backoff.reset();
+                        self.lost(
+                            link,
+                            Disconnect::Fatal(format!("master switched to {to}")),
+                            now,
+                        );
+                    }
+                }
+                return true;
+            }
+            SentinelEvent::WatchLost { .. } => tracing::warn!(%event, "Redis sentinel"),
+            _ => tracing::debug!(%event, "Redis sentinel"),
+        }
+        self.flush_session();
+        self.events.push_back(RedisClientEvent::Sentinel(event));
+        true
+    }
+
     fn lost(&mut self, link: RedisLink, reason: Disconnect, now: Instant) {
         let Some(slot) = self.slots.get_mut(slot_index(link)) else {
             return;
@@ -894,6 +1051,12 @@ impl RedisConfig {
         options.database = self.database();
         options
     }
+}
+
+fn master_name(live: &Live) -> String {
+    live.master
+        .as_ref()
+        .map_or_else(|| "the node".to_owned(), ToString::to_string)
 }
 
 fn slot_index(link: RedisLink) -> usize {

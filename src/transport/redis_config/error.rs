@@ -16,7 +16,10 @@ pub enum RedisConfigError {
     #[error("redis url has no scheme (expected redis://, rediss:// or unix://)")]
     MissingScheme,
     /// The URL's scheme is not one this crate speaks.
-    #[error("unknown redis url scheme {0:?} (expected redis, rediss, unix or redis+unix)")]
+    #[error(
+        "unknown redis url scheme {0:?} (expected redis, rediss, unix, redis+unix, \
+         redis+sentinel or rediss+sentinel)"
+    )]
     UnknownScheme(String),
     /// The URL is malformed in a way the reason names.
     #[error("malformed redis url: {0}")]
@@ -96,6 +99,15 @@ pub enum RedisConfigError {
     /// name or an IP address.
     #[error("invalid redis tls server name {0:?}")]
     InvalidServerName(String),
+    /// A sentinel configuration without sentinels.
+    #[error("redis sentinel configuration lists no sentinels")]
+    NoSentinels,
+    /// More sentinels than [`MAX_SENTINELS`](crate::session::sentinel::MAX_SENTINELS).
+    #[error("redis sentinel configuration lists {0} sentinels, more than 16")]
+    TooManySentinels(usize),
+    /// A sentinel configuration without the master's service name.
+    #[error("redis sentinel configuration has no service name")]
+    MissingServiceName,
     /// rustls refused the configuration (a key that does not match its
     /// certificate, for instance).
     #[error("redis tls setup failed: {0}")]

@@ -10,12 +10,14 @@ use std::time::Duration;
 
 pub(super) mod endpoint;
 pub(super) mod error;
+pub(super) mod sentinel;
 mod synapse;
 mod url;
 
 pub use endpoint::RedisEndpoint;
 pub use error::RedisConfigError;
 pub(super) use error::snippet;
+pub use sentinel::{DEFAULT_SENTINEL_PORT, SentinelConfig};
 pub use synapse::SynapseRedisConfig;
 
 use super::dial::{self, TlsClient, TlsConfig};
@@ -55,6 +57,8 @@ pub struct RedisConfig {
     /// The TLS client, built on first use and shared by clones (reset by
     /// [`RedisConfig::with_tls`]).
     tls_client: TlsClient,
+    /// The sentinels that say where the master is, if any.
+    sentinel: Option<Box<SentinelConfig>>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -65,6 +69,7 @@ impl fmt::Debug for RedisConfig {
             .field("database", &self.database)
             .field("tls", &self.tls)
             .field("connect_timeout", &self.connect_timeout)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -76,6 +81,7 @@ impl PartialEq for RedisConfig {
             && self.database == other.database
             && self.tls == other.tls
             && self.connect_timeout == other.connect_timeout
+            && self.sentinel == other.sentinel
     }
 }
 
@@ -106,6 +112,7 @@ impl RedisConfig {
             tls: None,
             connect_timeout: RedisConfig::DEFAULT_CONNECT_TIMEOUT,
             tls_client: TlsClient::default(),
+            sentinel: None,
         }
     }
 
@@ -185,7 +192,25 @@ impl RedisConfig {
     /// feature, and certificate or key files that do not load (which it
     /// loads, once, for all later connections). Call it at startup to
     /// report a bad configuration before the first connection attempt.
+    ///
+    /// With sentinels: also an empty list, too long a list or no service
+    /// name, and the sentinels' TLS files.
     pub fn prepare(&self) -> Result<(), RedisConfigError> {
+        if let Some(sentinel) = &self.sentinel {
+            sentinel.check()?;
+            for endpoint in sentinel.sentinels() {
+                dial::prepare(endpoint, self.sentinel_tls())?;
+            }
+            if let Some(tls) = &self.tls {
+                // The master is a TCP address the sentinels name.
+                let master = RedisEndpoint::Tcp {
+                    host: "localhost".to_owned(),
+                    port: RedisConfig::DEFAULT_PORT,
+                };
+                return dial::prepare(&master, Some((tls, &self.tls_client)));
+            }
+            return Ok(());
+        }
         dial::prepare(&self.endpoint, self.dial_tls())
     }
 
@@ -201,7 +226,21 @@ impl RedisConfig {
     /// the [`RedisConfigError`]; a certificate the server presents that
     /// does not verify, as one of kind `InvalidData`; running out of
     /// [`RedisConfig::connect_timeout`], as one of kind `TimedOut`.
+    ///
+    /// A sentinel configuration ([`RedisConfig::sentinel`]) is not
+    /// connected here: finding the master takes several connections over
+    /// time, which the [`RedisClient`](super::RedisClient) makes (or your
+    /// own driver, with
+    /// [`SentinelDiscovery`](crate::session::SentinelDiscovery)); this
+    /// fails with kind `Unsupported`.
     pub fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        if self.sentinel.is_some() {
+            let error = io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a redis sentinel configuration connects through RedisClient",
+            );
+            return Box::pin(async move { Err(error) });
+        }
         dial::connect(
             runtime,
             &self.endpoint,
@@ -211,8 +250,14 @@ impl RedisConfig {
     }
 
     /// The TLS settings with their loaded client, if TLS is configured.
-    fn dial_tls(&self) -> dial::Tls<'_> {
+    pub(crate) fn dial_tls(&self) -> dial::Tls<'_> {
         self.tls.as_ref().map(|tls| (tls, &self.tls_client))
+    }
+
+    /// The sentinels' TLS settings with their loaded client.
+    pub(crate) fn sentinel_tls(&self) -> dial::Tls<'_> {
+        let sentinel = self.sentinel.as_deref()?;
+        sentinel.tls.as_ref().map(|tls| (tls, &sentinel.tls_client))
     }
 }
 

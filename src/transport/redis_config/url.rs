@@ -14,7 +14,18 @@ impl RedisConfig {
     ///   root certificates (use [`RedisConfig::with_tls`] for other CAs);
     /// - `unix:///path/to/redis.sock[?db=N&username=U&password=P]` (also
     ///   `unix:/path`, `redis+unix://`, and `user`, `pass` for the
-    ///   parameters, as in redis-rs).
+    ///   parameters, as in redis-rs);
+    /// - `redis+sentinel://[[username]:password@]host[:port][,host[:port]...]/service_name[/database][?sentinel_username=U&sentinel_password=P]`,
+    ///   the master named `service_name` that the listed sentinels
+    ///   (port 26379 unless given) monitor (see [`RedisConfig::sentinel`]);
+    ///   the credentials before `@` are the data nodes', the
+    ///   `sentinel_` parameters the sentinels'; `rediss+sentinel://` is
+    ///   TLS to both. This is the form redis-py's Sentinel URL packages,
+    ///   redis-vl and Celery's kombu use (`redis+sentinel`, like
+    ///   `redis+unix`, names the transport after the `+`); redis-rs has no
+    ///   Sentinel URL, and fred's `redis-sentinel://` puts the service in
+    ///   a query parameter and the database in the path, which reads
+    ///   less like the deployment.
     ///
     /// User names, passwords, socket paths and parameter values are
     /// percent-decoded (`%40` is `@`; `+` stays `+`). An empty password is
@@ -25,6 +36,8 @@ impl RedisConfig {
             "redis" => parse_tcp_url(rest, false),
             "rediss" => parse_tcp_url(rest, true),
             "unix" | "redis+unix" => parse_unix_url(rest),
+            "redis+sentinel" => super::sentinel::parse_sentinel_url(rest, false),
+            "rediss+sentinel" => super::sentinel::parse_sentinel_url(rest, true),
             _ => {
                 let looks_like_scheme = !scheme.is_empty()
                     && scheme
@@ -98,6 +111,22 @@ fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError>
 
 /// `host[:port]` or `[ipv6][:port]`.
 fn parse_authority(authority: &str) -> Result<(String, u16), RedisConfigError> {
+    parse_authority_port(authority, RedisConfig::DEFAULT_PORT)
+}
+
+/// One `host[:port]` of a list, `port` unless given.
+pub(super) fn parse_authority_with(
+    authority: &str,
+    port: u16,
+) -> Result<super::RedisEndpoint, RedisConfigError> {
+    let (host, port) = parse_authority_port(authority, port)?;
+    Ok(super::RedisEndpoint::Tcp { host, port })
+}
+
+fn parse_authority_port(
+    authority: &str,
+    default_port: u16,
+) -> Result<(String, u16), RedisConfigError> {
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let (host, after) = bracketed
             .split_once(']')
@@ -133,7 +162,7 @@ fn parse_authority(authority: &str) -> Result<(String, u16), RedisConfigError> {
         return Err(RedisConfigError::InvalidHost(snippet(host)));
     }
     let port = match port {
-        None | Some("") => RedisConfig::DEFAULT_PORT,
+        None | Some("") => default_port,
         Some(port) => parse_port(port)?,
     };
     Ok((host.to_owned(), port))
@@ -146,7 +175,7 @@ fn parse_port(port: &str) -> Result<u16, RedisConfigError> {
     }
 }
 
-fn parse_database(database: &str) -> Result<u32, RedisConfigError> {
+pub(super) fn parse_database(database: &str) -> Result<u32, RedisConfigError> {
     if !database.bytes().all(|b| b.is_ascii_digit()) {
         return Err(RedisConfigError::InvalidDatabase(snippet(database)));
     }
@@ -156,7 +185,7 @@ fn parse_database(database: &str) -> Result<u32, RedisConfigError> {
 }
 
 /// Credentials from a URL: none, a password, or a user and a password.
-fn credentials(
+pub(super) fn credentials(
     username: Option<String>,
     password: Option<String>,
 ) -> Result<Option<RedisAuth>, RedisConfigError> {
@@ -207,7 +236,7 @@ fn parse_unix_url(rest: &str) -> Result<RedisConfig, RedisConfigError> {
 }
 
 /// Decodes `%XX` escapes; the result must be UTF-8.
-fn percent_decode(text: &str, part: &'static str) -> Result<String, RedisConfigError> {
+pub(super) fn percent_decode(text: &str, part: &'static str) -> Result<String, RedisConfigError> {
     if !text.contains('%') {
         return Ok(text.to_owned());
     }

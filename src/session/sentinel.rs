@@ -1,0 +1,1104 @@
+//! Redis Sentinel, sans-IO: finding the master a deployment's sentinels
+//! name ([`SentinelDiscovery`]), and hearing of their failovers
+//! ([`SentinelWatch`]).
+//!
+//! What this module does not do: open sockets, read clocks, or sleep. A
+//! driver (the [`RedisClient`](crate::transport::RedisClient) with a
+//! sentinel [`RedisConfig`](crate::transport::RedisConfig), or your own)
+//! opens the connections a [`DiscoveryStep`] asks for, moves their bytes,
+//! and spaces rounds out with a backoff.
+//!
+//! # Discovery
+//!
+//! One round asks the sentinels in turn, starting with the one that
+//! answered last time: `SENTINEL get-master-addr-by-name <service>` on a
+//! connection to the sentinel (after `AUTH` with the sentinels'
+//! credentials), then `ROLE` on a connection to the node it names (after
+//! `AUTH` with the data nodes' credentials). Only a node that says
+//! `master` is taken, and the connection that asked it is the one to use:
+//! no other connection is opened between the check and its use. A
+//! sentinel that is down, does not know the service, answers nonsense or
+//! names a node that is down or a replica is noted, and the next one is
+//! asked. When none is left the round fails with every sentinel's reason
+//! ([`DiscoveryError`]).
+//!
+//! ```
+//! use synapse_replication::session::{DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelTarget};
+//!
+//! let mut round = SentinelDiscovery::new("mymaster", 2, 0, None, None);
+//! assert_eq!(round.poll_step(), Some(DiscoveryStep::Connect(SentinelTarget::Sentinel(0))));
+//! round.connected();
+//! let asked = round.poll_transmit().expect("a question");
+//! assert!(asked.ends_with(b"$8\r\nmymaster\r\n"));
+//! round.handle_input(b"*2\r\n$8\r\n10.0.0.7\r\n$4\r\n6379\r\n");
+//! let master = MasterAddr { host: "10.0.0.7".into(), port: 6379 };
+//! assert_eq!(round.poll_step(), Some(DiscoveryStep::Connect(SentinelTarget::Master(master.clone()))));
+//! round.connected();
+//! assert_eq!(round.poll_transmit().as_deref(), Some(&b"*1\r\n$4\r\nROLE\r\n"[..]));
+//! round.handle_input(b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n");
+//! assert_eq!(round.poll_step(), Some(DiscoveryStep::Found { master, sentinel: 0 }));
+//! ```
+//!
+//! # Failovers
+//!
+//! A [`SentinelWatch`] subscribes to a sentinel's `+switch-master`
+//! channel; each switch of the service is reported at once, so that a
+//! failover is acted on within a round trip of the sentinel's announcement
+//! rather than at the next keep-alive. It pings every
+//! [`SentinelWatch::PING_INTERVAL`] and gives the connection up when a
+//! reply is [`SentinelWatch::PING_TIMEOUT`] late.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::resp::{
+    Credentials, Frame, Incoming, Limits, RespDecoder, RespError, SubscriptionKind, encode_auth,
+    encode_command, encode_ping, encode_subscribe,
+};
+
+use super::{RedisAuth, RedisErrorReply};
+
+/// The channel sentinels announce failovers on.
+pub const SWITCH_MASTER_CHANNEL: &str = "+switch-master";
+
+/// The most sentinels one configuration may list (a deployment has three
+/// or five).
+pub const MAX_SENTINELS: usize = 16;
+
+/// Caps on what a sentinel or a node may answer: nothing here is longer
+/// than a few hundred bytes (a master's `ROLE` lists its replicas).
+const LIMITS: Limits = Limits::new()
+    .with_max_bulk_len(4 << 10)
+    .with_max_line_len(4 << 10)
+    .with_max_elements(1024)
+    .with_max_depth(4)
+    .with_max_frame_len(256 << 10);
+
+/// Longest host name taken from an answer.
+const MAX_HOST_LEN: usize = 255;
+
+/// A data node's address, as a sentinel names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MasterAddr {
+    /// The host (usually an IP address; IPv6 without brackets).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl fmt::Display for MasterAddr {
+    /// `host:port`, `[v6]:port`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// What a node said it is, in answer to `ROLE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeRole {
+    /// A master: it takes writes.
+    Master,
+    /// A replica (`slave`), of the master it names.
+    Replica,
+    /// A sentinel.
+    Sentinel,
+    /// Something else (the word it answered, truncated).
+    Other(String),
+}
+
+impl fmt::Display for NodeRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeRole::Master => f.write_str("master"),
+            NodeRole::Replica => f.write_str("replica"),
+            NodeRole::Sentinel => f.write_str("sentinel"),
+            NodeRole::Other(role) => write!(f, "{role:?}"),
+        }
+    }
+}
+
+/// Why one sentinel, or the node it named, could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SentinelError {
+    /// The connection could not be opened, or broke (the driver's reason).
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// Nothing was answered in time.
+    #[error("no answer in time")]
+    Timeout,
+    /// The sentinel does not monitor a master of that name.
+    #[error("sentinel knows no master named {0:?}")]
+    UnknownMaster(String),
+    /// The sentinel or the node answered with an error (`WRONGPASS`,
+    /// `NOAUTH`, `NOPERM`, ...).
+    #[error("refused: {0}")]
+    Refused(RedisErrorReply),
+    /// The node the sentinel named is not a master (a sentinel that lags
+    /// or lies, or a failover under way).
+    #[error("{addr} says it is a {role}, not the master")]
+    NotMaster {
+        /// The node.
+        addr: MasterAddr,
+        /// What it said it is.
+        role: NodeRole,
+    },
+    /// The answer does not have the shape the command's answers have.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+    /// The bytes are not RESP, or break a cap.
+    #[error("invalid reply: {0}")]
+    Protocol(#[from] RespError),
+}
+
+/// A discovery round in which no sentinel named a usable master: what
+/// each one tried, in order.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub struct DiscoveryError {
+    /// The master's service name.
+    pub service: String,
+    /// Per sentinel asked (its index in the configuration): why it did not
+    /// do.
+    pub failures: Vec<(usize, SentinelError)>,
+}
+
+impl fmt::Display for DiscoveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no sentinel named a usable master for {:?}",
+            self.service
+        )?;
+        if self.failures.is_empty() {
+            return f.write_str(" (no sentinel configured)");
+        }
+        for (index, (sentinel, error)) in self.failures.iter().enumerate() {
+            let sep = if index == 0 { ": " } else { "; " };
+            write!(f, "{sep}sentinel {sentinel}: {error}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a [`SentinelDiscovery`] wants a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SentinelTarget {
+    /// The sentinel of this index in the configuration.
+    Sentinel(usize),
+    /// The node a sentinel named, to check its role.
+    Master(MasterAddr),
+}
+
+/// What a [`SentinelDiscovery`] wants done next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiscoveryStep {
+    /// Close the connection in use, if any, and open one to this target;
+    /// then call [`connected`](SentinelDiscovery::connected) or
+    /// [`connect_failed`](SentinelDiscovery::connect_failed).
+    Connect(SentinelTarget),
+    /// The master: keep the connection to it (the one that asked `ROLE`)
+    /// and use it. `sentinel` answered; start there next time.
+    Found {
+        /// The master.
+        master: MasterAddr,
+        /// The sentinel that named it.
+        sentinel: usize,
+    },
+    /// No sentinel named a usable master. Close the connection in use;
+    /// start another round after a backoff.
+    Failed(DiscoveryError),
+}
+
+/// The question on the current connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Auth,
+    MasterAddr,
+    Role,
+    Subscribe,
+    Ping,
+}
+
+/// One connection's requests and replies, in order.
+#[derive(Debug, Default)]
+struct Exchange {
+    decoder: RespDecoder,
+    input: BytesMut,
+    output: BytesMut,
+    expect: VecDeque<Expect>,
+}
+
+impl Exchange {
+    fn new() -> Exchange {
+        Exchange {
+            decoder: RespDecoder::with_limits(LIMITS),
+            ..Exchange::default()
+        }
+    }
+
+    fn auth(&mut self, auth: Option<&RedisAuth>) {
+        if let Some(auth) = auth {
+            encode_auth(
+                &mut self.output,
+                &Credentials {
+                    username: auth.username.as_deref().map(str::as_bytes),
+                    password: auth.password.as_bytes(),
+                },
+            );
+            self.expect.push_back(Expect::Auth);
+        }
+    }
+
+    fn ask(&mut self, args: &[&[u8]], expect: Expect) {
+        encode_command(&mut self.output, args);
+        self.expect.push_back(expect);
+    }
+
+    fn transmit(&mut self) -> Option<Bytes> {
+        (!self.output.is_empty()).then(|| self.output.split().freeze())
+    }
+
+    /// The next reply, with what it answers (`None` for a pub/sub
+    /// message, which answers nothing).
+    fn next(&mut self) -> Result<Option<(Option<Expect>, Incoming)>, SentinelError> {
+        let Some(incoming) = self.decoder.decode_pubsub(&mut self.input)? else {
+            return Ok(None);
+        };
+        if let Incoming::Message(_) = incoming {
+            return Ok(Some((None, incoming)));
+        }
+        if let Incoming::Frame(Frame::Push(_)) = incoming {
+            return Ok(Some((None, incoming)));
+        }
+        match self.expect.pop_front() {
+            Some(expect) => Ok(Some((Some(expect), incoming))),
+            None => Err(SentinelError::Malformed("a reply to nothing".to_owned())),
+        }
+    }
+}
+
+fn error_reply(frame: &Frame) -> Option<RedisErrorReply> {
+    let text = frame.as_error()?;
+    let message = String::from_utf8_lossy(text).into_owned();
+    let code = message
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    Some(RedisErrorReply { code, message })
+}
+
+fn short(text: &[u8]) -> String {
+    let text = String::from_utf8_lossy(text);
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(40).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+fn malformed(what: &str, frame: &Frame) -> SentinelError {
+    let shown = format!("{frame:?}");
+    SentinelError::Malformed(format!("{what}: {}", short(shown.as_bytes())))
+}
+
+/// A host and a port, from two bulk strings.
+fn parse_addr(host: &Frame, port: &Frame) -> Option<MasterAddr> {
+    let host = std::str::from_utf8(host.as_bytes()?).ok()?;
+    if host.is_empty() || host.len() > MAX_HOST_LEN || host.contains(['/', ' ', '\r', '\n']) {
+        return None;
+    }
+    let port: u16 = std::str::from_utf8(port.as_bytes()?).ok()?.parse().ok()?;
+    (port != 0).then(|| MasterAddr {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// A `SENTINEL get-master-addr-by-name` answer.
+fn parse_master_addr(frame: &Frame, service: &str) -> Result<MasterAddr, SentinelError> {
+    if let Some(error) = error_reply(frame) {
+        return Err(SentinelError::Refused(error));
+    }
+    if frame.is_null() {
+        return Err(SentinelError::UnknownMaster(short(service.as_bytes())));
+    }
+    match frame.elements() {
+        Some([host, port]) => {
+            parse_addr(host, port).ok_or_else(|| malformed("not a host and a port", frame))
+        }
+        _ => Err(malformed("not a host and a port", frame)),
+    }
+}
+
+/// A `ROLE` answer: its first element.
+fn parse_role(frame: &Frame) -> Result<NodeRole, SentinelError> {
+    if let Some(error) = error_reply(frame) {
+        return Err(SentinelError::Refused(error));
+    }
+    let role = frame
+        .elements()
+        .and_then(<[Frame]>::first)
+        .and_then(Frame::as_bytes)
+        .ok_or_else(|| malformed("not a role", frame))?;
+    Ok(match &role[..] {
+        b"master" => NodeRole::Master,
+        b"slave" | b"replica" => NodeRole::Replica,
+        b"sentinel" => NodeRole::Sentinel,
+        other => NodeRole::Other(short(other)),
+    })
+}
+
+/// A `+switch-master` payload: `<name> <old-ip> <old-port> <new-ip> <new-port>`.
+fn parse_switch(payload: &[u8]) -> Option<(String, MasterAddr, MasterAddr)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.split(' ');
+    let name = words.next()?;
+    let mut addr = || {
+        let host = Frame::bulk(Bytes::copy_from_slice(words.next()?.as_bytes()));
+        let port = Frame::bulk(Bytes::copy_from_slice(words.next()?.as_bytes()));
+        parse_addr(&host, &port)
+    };
+    let from = addr()?;
+    let to = addr()?;
+    if words.next().is_some() {
+        return None;
+    }
+    Some((name.to_owned(), from, to))
+}
+
+/// One round of master discovery over a deployment's sentinels (see the
+/// [module docs](self)).
+///
+/// # Call order
+///
+/// Call [`poll_step`](Self::poll_step); for
+/// [`DiscoveryStep::Connect`], open the connection and call
+/// [`connected`](Self::connected) (then write what
+/// [`poll_transmit`](Self::poll_transmit) gives, give every byte read to
+/// [`handle_input`](Self::handle_input), and call `poll_step` again after
+/// each), or [`connect_failed`](Self::connect_failed) if it could not be
+/// opened. A connection that closes, fails or times out is
+/// [`connect_failed`](Self::connect_failed) too (or
+/// [`timed_out`](Self::timed_out)). The round ends with
+/// [`DiscoveryStep::Found`] or [`DiscoveryStep::Failed`]; later calls
+/// return `None`.
+///
+/// Each sentinel is asked at most once per round, so a round ends after at
+/// most two connections per sentinel.
+#[derive(Debug)]
+pub struct SentinelDiscovery {
+    service: String,
+    sentinel_auth: Option<RedisAuth>,
+    master_auth: Option<RedisAuth>,
+    count: usize,
+    first: usize,
+    /// Sentinels asked so far (the current one included).
+    asked: usize,
+    failures: Vec<(usize, SentinelError)>,
+    state: RoundState,
+    /// The sentinel whose answer is being checked.
+    checking_for: Option<usize>,
+    exchange: Exchange,
+}
+
+#[derive(Debug)]
+enum RoundState {
+    /// The next sentinel is to be asked.
+    Next,
+    /// Waiting for a connection to the target.
+    Connecting(SentinelTarget),
+    /// Asking the sentinel.
+    Asking(usize),
+    /// Checking the role of the node the sentinel named.
+    Checking(usize, MasterAddr),
+    /// A step is ready.
+    Step(DiscoveryStep),
+    Done,
+}
+
+impl SentinelDiscovery {
+    /// A round for `service` over `sentinels` sentinels, starting with the
+    /// one at index `first` (the one that answered last time; taken
+    /// modulo `sentinels`), with the sentinels' and the data nodes'
+    /// credentials.
+    pub fn new(
+        service: impl Into<String>,
+        sentinels: usize,
+        first: usize,
+        sentinel_auth: Option<RedisAuth>,
+        master_auth: Option<RedisAuth>,
+    ) -> SentinelDiscovery {
+        SentinelDiscovery {
+            service: service.into(),
+            sentinel_auth,
+            master_auth,
+            count: sentinels,
+            first: first.checked_rem(sentinels).unwrap_or(0),
+            asked: 0,
+            failures: Vec::new(),
+            state: RoundState::Next,
+            checking_for: None,
+            exchange: Exchange::new(),
+        }
+    }
+
+    /// What to do next; `None` while waiting for I/O, and once the round
+    /// has ended.
+    #[must_use]
+    pub fn poll_step(&mut self) -> Option<DiscoveryStep> {
+        if let RoundState::Next = self.state {
+            self.state = if self.asked < self.count {
+                let sentinel = (self.first + self.asked) % self.count;
+                self.asked += 1;
+                let target = SentinelTarget::Sentinel(sentinel);
+                self.state = RoundState::Connecting(target.clone());
+                return Some(DiscoveryStep::Connect(target));
+            } else {
+                RoundState::Step(DiscoveryStep::Failed(DiscoveryError {
+                    service: self.service.clone(),
+                    failures: std::mem::take(&mut self.failures),
+                }))
+            };
+        }
+        match std::mem::replace(&mut self.state, RoundState::Done) {
+            RoundState::Step(step) => {
+                if let DiscoveryStep::Connect(target) = &step {
+                    self.state = RoundState::Connecting(target.clone());
+                }
+                Some(step)
+            }
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+
+    /// The sentinel being asked, or whose answer is being checked.
+    fn current(&self) -> Option<usize> {
+        match &self.state {
+            RoundState::Connecting(SentinelTarget::Sentinel(sentinel))
+            | RoundState::Asking(sentinel)
+            | RoundState::Checking(sentinel, _) => Some(*sentinel),
+            _ => None,
+        }
+    }
+
+    /// The sentinels asked so far in this round that did not do, and why
+    /// (all of them, in [`DiscoveryStep::Failed`]).
+    pub fn failures(&self) -> &[(usize, SentinelError)] {
+        &self.failures
+    }
+
+    /// The connection asked for is open: the question is queued.
+    pub fn connected(&mut self) {
+        let RoundState::Connecting(target) = &self.state else {
+            return;
+        };
+        self.exchange = Exchange::new();
+        match target.clone() {
+            SentinelTarget::Sentinel(sentinel) => {
+                self.exchange.auth(self.sentinel_auth.as_ref());
+                self.exchange.ask(
+                    &[
+                        b"SENTINEL",
+                        b"get-master-addr-by-name",
+                        self.service.as_bytes(),
+                    ],
+                    Expect::MasterAddr,
+                );
+                self.state = RoundState::Asking(sentinel);
+            }
+            SentinelTarget::Master(addr) => {
+                self.exchange.auth(self.master_auth.as_ref());
+                self.exchange.ask(&[b"ROLE"], Expect::Role);
+                let sentinel = self.checking_for.take().unwrap_or_default();
+                self.state = RoundState::Checking(sentinel, addr);
+            }
+        }
+    }
+
+    /// The connection asked for could not be opened, or the one in use
+    /// failed or closed (`reason` says why): the next sentinel is asked.
+    pub fn connect_failed(&mut self, reason: impl fmt::Display) {
+        self.fail(SentinelError::Unreachable(reason.to_string()));
+    }
+
+    /// The connection in use answered nothing in the driver's time limit:
+    /// the next sentinel is asked.
+    pub fn timed_out(&mut self) {
+        self.fail(SentinelError::Timeout);
+    }
+
+    fn fail(&mut self, error: SentinelError) {
+        let sentinel = match &self.state {
+            RoundState::Connecting(SentinelTarget::Master(_)) => self.checking_for.take(),
+            _ => self.current(),
+        };
+        if let Some(sentinel) = sentinel {
+            self.failures.push((sentinel, error));
+            self.state = RoundState::Next;
+        }
+    }
+
+    /// Bytes to write on the connection in use.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        self.exchange.transmit()
+    }
+
+    /// Bytes read from the connection in use, in any chunks.
+    pub fn handle_input(&mut self, data: &[u8]) {
+        if !matches!(self.state, RoundState::Asking(_) | RoundState::Checking(..)) {
+            return;
+        }
+        self.exchange.input.extend_from_slice(data);
+        loop {
+            let (expect, incoming) = match self.exchange.next() {
+                Ok(Some(reply)) => reply,
+                Ok(None) => return,
+                Err(error) => return self.fail(error),
+            };
+            let frame = match incoming {
+                Incoming::Frame(frame) => frame,
+                Incoming::Pong(_) | Incoming::Message(_) | Incoming::Subscription { .. } => {
+                    return self.fail(SentinelError::Malformed(
+                        "a pub/sub reply to a question".to_owned(),
+                    ));
+                }
+            };
+            match expect {
+                None => {}
+                Some(Expect::Auth) => {
+                    if let Some(error) = error_reply(&frame) {
+                        return self.fail(SentinelError::Refused(error));
+                    }
+                }
+                Some(Expect::MasterAddr) => {
+                    let RoundState::Asking(sentinel) = self.state else {
+                        return;
+                    };
+                    match parse_master_addr(&frame, &self.service) {
+                        Ok(addr) => {
+                            self.checking_for = Some(sentinel);
+                            self.state = RoundState::Step(DiscoveryStep::Connect(
+                                SentinelTarget::Master(addr),
+                            ));
+                        }
+                        Err(error) => self.fail(error),
+                    }
+                    return;
+                }
+                Some(Expect::Role) => {
+                    let RoundState::Checking(sentinel, addr) =
+                        std::mem::replace(&mut self.state, RoundState::Done)
+                    else {
+                        return;
+                    };
+                    match parse_role(&frame) {
+                        Ok(NodeRole::Master) => {
+                            self.state = RoundState::Step(DiscoveryStep::Found {
+                                master: addr,
+                                sentinel,
+                            });
+                        }
+                        Ok(role) => {
+                            self.state = RoundState::Checking(sentinel, addr.clone());
+                            self.fail(SentinelError::NotMaster { addr, role });
+                        }
+                        Err(error) => {
+                            self.state = RoundState::Checking(sentinel, addr);
+                            self.fail(error);
+                        }
+                    }
+                    return;
+                }
+                Some(other) => {
+                    return self.fail(SentinelError::Malformed(format!(
+                        "a reply for {other:?} in discovery"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// What a [`SentinelWatch`] heard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WatchEvent {
+    /// The sentinel confirmed the subscription: failovers from now on are
+    /// heard.
+    Watching,
+    /// The sentinels switched the service's master (`+switch-master`).
+    Switched {
+        /// The master before.
+        from: MasterAddr,
+        /// The master now.
+        to: MasterAddr,
+    },
+    /// The watch gave the connection up: close it and watch through
+    /// another sentinel.
+    Failed(SentinelError),
+}
+
+/// A subscription to one sentinel's `+switch-master` announcements for
+/// one service (see the [module docs](self)).
+///
+/// Call [`connected`](Self::connected) when the connection is up, give
+/// every byte read to [`handle_input`](Self::handle_input), call
+/// [`handle_timeout`](Self::handle_timeout) at
+/// [`poll_timeout`](Self::poll_timeout); after each, drain
+/// [`poll_transmit`](Self::poll_transmit), then
+/// [`poll_event`](Self::poll_event). After [`WatchEvent::Failed`] nothing
+/// more is read; make a new watch for the next connection.
+#[derive(Debug)]
+pub struct SentinelWatch {
+    service: String,
+    exchange: Exchange,
+    events: VecDeque<WatchEvent>,
+    failed: bool,
+    /// When the next PING is due.
+    ping_at: Option<Instant>,
+    /// When the PING in flight is overdue.
+    pong_by: Option<Instant>,
+}
+
+impl SentinelWatch {
+    /// A PING every 5 s.
+    pub const PING_INTERVAL: Duration = Duration::from_secs(5);
+    /// The connection is given up when a reply is 5 s late.
+    pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// A watch of `service`'s failovers, with the sentinels' credentials.
+    pub fn new(service: impl Into<String>, auth: Option<&RedisAuth>) -> SentinelWatch {
+        let mut exchange = Exchange::new();
+        exchange.auth(auth);
+        SentinelWatch {
+            service: service.into(),
+            exchange,
+            events: VecDeque::new(),
+            failed: false,
+            ping_at: None,
+            pong_by: None,
+        }
+    }
+
+    /// The connection is up: `AUTH` (if any) and `SUBSCRIBE` are queued.
+    pub fn connected(&mut self, now: Instant) {
+        encode_subscribe(
+            &mut self.exchange.output,
+            &[SWITCH_MASTER_CHANNEL.as_bytes()],
+        );
+        self.exchange.expect.push_back(Expect::Subscribe);
+        self.pong_by = Some(now + Self::PING_TIMEOUT);
+    }
+
+    /// Bytes to write.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        self.exchange.transmit()
+    }
+
+    /// What was heard.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<WatchEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is due.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.failed {
+            return None;
+        }
+        self.pong_by.or(self.ping_at)
+    }
+
+    /// Time passed: a PING is sent, or a late reply gives up.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.failed {
+            return;
+        }
+        if self.pong_by.is_some_and(|by| now >= by) {
+            return self.fail(SentinelError::Timeout);
+        }
+        if self.pong_by.is_none() && self.ping_at.is_some_and(|at| now >= at) {
+            encode_ping(&mut self.exchange.output, None);
+            self.exchange.expect.push_back(Expect::Ping);
+            self.ping_at = None;
+            self.pong_by = Some(now + Self::PING_TIMEOUT);
+        }
+    }
+
+    fn fail(&mut self, error: SentinelError) {
+        if !self.failed {
+            self.failed = true;
+            self.events.push_back(WatchEvent::Failed(error));
+        }
+    }
+
+    /// Bytes read, in any chunks.
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) {
+        if self.failed {
+            return;
+        }
+        self.exchange.input.extend_from_slice(data);
+        while !self.failed {
+            let (expect, incoming) = match self.exchange.next() {
+                Ok(Some(reply)) => reply,
+                Ok(None) => break,
+                Err(error) => return self.fail(error),
+            };
+            match (expect, incoming) {
+                (None, Incoming::Message(message)) => {
+                    if &message.channel[..] != SWITCH_MASTER_CHANNEL.as_bytes() {
+                        continue;
+                    }
+                    match parse_switch(&message.payload) {
+                        Some((name, from, to)) if name == self.service => {
+                            self.events.push_back(WatchEvent::Switched { from, to });
+                        }
+                        Some(_) => {}
+                        None => {
+                            let error = SentinelError::Malformed(format!(
+                                "+switch-master {}",
+                                short(&message.payload)
+                            ));
+                            return self.fail(error);
+                        }
+                    }
+                }
+                (None, _) => {}
+                (Some(Expect::Auth), Incoming::Frame(frame)) => {
+                    if let Some(error) = error_reply(&frame) {
+                        return self.fail(SentinelError::Refused(error));
+                    }
+                }
+                (Some(Expect::Subscribe), Incoming::Subscription { kind, channel, .. })
+                    if kind == SubscriptionKind::Subscribe
+                        && channel.as_deref() == Some(SWITCH_MASTER_CHANNEL.as_bytes()) =>
+                {
+                    self.pong_by = None;
+                    self.ping_at = Some(now + Self::PING_INTERVAL);
+                    self.events.push_back(WatchEvent::Watching);
+                }
+                (Some(Expect::Ping), Incoming::Pong(_)) => {
+                    self.pong_by = None;
+                    self.ping_at = Some(now + Self::PING_INTERVAL);
+                }
+                (Some(expect), Incoming::Frame(frame)) => {
+                    let error = match error_reply(&frame) {
+                        Some(error) => SentinelError::Refused(error),
+                        None => malformed(&format!("a reply to {expect:?}"), &frame),
+                    };
+                    return self.fail(error);
+                }
+                (Some(expect), _) => {
+                    return self.fail(SentinelError::Malformed(format!(
+                        "an unexpected reply to {expect:?}"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(host: &str, port: u16) -> MasterAddr {
+        MasterAddr {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    fn bulk_array(items: &[&str]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", items.len());
+        for item in items {
+            out.push_str(&format!("${}\r\n{item}\r\n", item.len()));
+        }
+        out.into_bytes()
+    }
+
+    /// Feeds `answer` one byte at a time.
+    fn answer(round: &mut SentinelDiscovery, answer: &[u8]) {
+        for byte in answer {
+            round.handle_input(std::slice::from_ref(byte));
+        }
+    }
+
+    fn expect_connect(round: &mut SentinelDiscovery, target: SentinelTarget) {
+        assert_eq!(round.poll_step(), Some(DiscoveryStep::Connect(target)));
+        assert_eq!(round.poll_step(), None, "waits for the connection");
+        round.connected();
+    }
+
+    #[test]
+    fn finds_the_master_and_checks_its_role() {
+        let auth = RedisAuth {
+            username: Some("sentinel-user".to_owned()),
+            password: "s".to_owned(),
+        };
+        let mut round = SentinelDiscovery::new("mymaster", 3, 4, Some(auth), None);
+        // Starts with sentinel 4 % 3.
+        expect_connect(&mut round, SentinelTarget::Sentinel(1));
+        let asked = round.poll_transmit().expect("the question");
+        assert!(asked.starts_with(b"*3\r\n$4\r\nAUTH\r\n$13\r\nsentinel-user\r\n"));
+        assert!(asked.ends_with(&bulk_array(&[
+            "SENTINEL",
+            "get-master-addr-by-name",
+            "mymaster"
+        ])));
+        answer(&mut round, b"+OK\r\n");
+        assert_eq!(round.poll_step(), None);
+        answer(&mut round, &bulk_array(&["::1", "7000"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("::1", 7000)));
+        assert_eq!(
+            round.poll_transmit().as_deref(),
+            Some(&bulk_array(&["ROLE"])[..])
+        );
+        answer(&mut round, b"*3\r\n$6\r\nmaster\r\n:10\r\n*1\r\n*3\r\n$9\r\n127.0.0.1\r\n$4\r\n7001\r\n$2\r\n10\r\n");
+        assert_eq!(
+            round.poll_step(),
+            Some(DiscoveryStep::Found {
+                master: addr("::1", 7000),
+                sentinel: 1
+            })
+        );
+        assert_eq!(round.poll_step(), None);
+        assert_eq!(addr("::1", 7000).to_string(), "[::1]:7000");
+    }
+
+    #[test]
+    fn every_way_a_sentinel_fails_moves_on_and_the_round_reports_them_all() {
+        let mut round = SentinelDiscovery::new("mymaster", 6, 0, None, None);
+        // 0: down.
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        round.connect_failed("connection refused");
+        // 1: does not know the name.
+        expect_connect(&mut round, SentinelTarget::Sentinel(1));
+        answer(&mut round, b"*-1\r\n");
+        // 2: names a replica (it lies, or lags).
+        expect_connect(&mut round, SentinelTarget::Sentinel(2));
+        answer(&mut round, &bulk_array(&["10.0.0.2", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.2", 6379)));
+        answer(
+            &mut round,
+            b"*5\r\n$5\r\nslave\r\n$8\r\n10.0.0.1\r\n:6379\r\n$9\r\nconnected\r\n:1\r\n",
+        );
+        // 3: names a node that is down.
+        expect_connect(&mut round, SentinelTarget::Sentinel(3));
+        answer(&mut round, &bulk_array(&["10.0.0.9", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.9", 6379)));
+        round.connect_failed("connection refused");
+        // 4: refuses the credentials.
+        expect_connect(&mut round, SentinelTarget::Sentinel(4));
+        answer(&mut round, b"-WRONGPASS invalid username-password pair\r\n");
+        // 5: answers nonsense, then is silent.
+        expect_connect(&mut round, SentinelTarget::Sentinel(5));
+        answer(&mut round, &bulk_array(&["10.0.0.2", "port"]));
+        let Some(DiscoveryStep::Failed(error)) = round.poll_step() else {
+            panic!("the round fails");
+        };
+        let kinds: Vec<(usize, &str)> = error
+            .failures
+            .iter()
+            .map(|(sentinel, error)| {
+                let kind = match error {
+                    SentinelError::Unreachable(_) => "unreachable",
+                    SentinelError::UnknownMaster(_) => "unknown",
+                    SentinelError::NotMaster {
+                        role: NodeRole::Replica,
+                        ..
+                    } => "replica",
+                    SentinelError::Refused(_) => "refused",
+                    SentinelError::Malformed(_) => "malformed",
+                    _ => "other",
+                };
+                (*sentinel, kind)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (0, "unreachable"),
+                (1, "unknown"),
+                (2, "replica"),
+                (3, "unreachable"),
+                (4, "refused"),
+                (5, "malformed")
+            ]
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("no master named \"mymaster\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("10.0.0.2:6379 says it is a replica"),
+            "{message}"
+        );
+        assert_eq!(round.poll_step(), None, "a round ends once");
+    }
+
+    #[test]
+    fn hostile_answers_end_the_connection_not_the_process() {
+        for bad in [
+            &b"*2\r\n$8\r\n10.0.0.2\r\n$5\r\n99999\r\n"[..],
+            b"*2\r\n$0\r\n\r\n$4\r\n6379\r\n",
+            b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n",
+            b":1\r\n",
+            b"$99999999\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+            b"not resp\r\n",
+            b"*2000\r\n",
+            b">3\r\n$7\r\nmessage\r\n$1\r\na\r\n$1\r\nb\r\n+OK\r\n",
+        ] {
+            let mut round = SentinelDiscovery::new("m", 1, 0, None, None);
+            expect_connect(&mut round, SentinelTarget::Sentinel(0));
+            answer(&mut round, bad);
+            match round.poll_step() {
+                Some(DiscoveryStep::Failed(error)) => {
+                    assert_eq!(error.failures.len(), 1, "{error}");
+                }
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(bad)),
+            }
+        }
+        // A reply nobody asked for.
+        let mut round = SentinelDiscovery::new("m", 1, 0, None, None);
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, b"*-1\r\n+OK\r\n");
+        assert!(matches!(round.poll_step(), Some(DiscoveryStep::Failed(_))));
+        // No sentinels: fails at once.
+        let mut round = SentinelDiscovery::new("m", 0, 0, None, None);
+        assert!(
+            matches!(round.poll_step(), Some(DiscoveryStep::Failed(error)) if error.failures.is_empty())
+        );
+    }
+
+    #[test]
+    fn timeouts_and_broken_connections_count_against_the_sentinel() {
+        let mut round = SentinelDiscovery::new("m", 2, 1, None, None);
+        expect_connect(&mut round, SentinelTarget::Sentinel(1));
+        round.timed_out();
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["h", "1"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("h", 1)));
+        round.connect_failed("closed");
+        let Some(DiscoveryStep::Failed(error)) = round.poll_step() else {
+            panic!("fails");
+        };
+        assert_eq!(
+            error.failures,
+            [
+                (1, SentinelError::Timeout),
+                (0, SentinelError::Unreachable("closed".to_owned()))
+            ]
+        );
+    }
+
+    #[test]
+    fn the_watch_reports_switches_of_its_service_only() {
+        let now = Instant::now();
+        let mut watch = SentinelWatch::new("mymaster", None);
+        watch.connected(now);
+        assert_eq!(
+            watch.poll_transmit().as_deref(),
+            Some(&bulk_array(&["SUBSCRIBE", "+switch-master"])[..])
+        );
+        assert_eq!(
+            watch.poll_timeout(),
+            Some(now + SentinelWatch::PING_TIMEOUT)
+        );
+        let mut input = bulk_array(&["subscribe", "+switch-master"]);
+        input.truncate(input.len() - 2);
+        input.extend_from_slice(b"\r\n");
+        // `subscribe` confirmations end with an integer count.
+        let confirm = b"*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n";
+        let other = bulk_array(&["message", "+switch-master", "other 10.0.0.1 1 10.0.0.2 2"]);
+        let ours = bulk_array(&[
+            "message",
+            "+switch-master",
+            "mymaster 10.0.0.1 6379 10.0.0.2 6380",
+        ]);
+        let mut all = confirm.to_vec();
+        all.extend_from_slice(&other);
+        all.extend_from_slice(&ours);
+        for byte in &all {
+            watch.handle_input(std::slice::from_ref(byte), now);
+        }
+        assert_eq!(watch.poll_event(), Some(WatchEvent::Watching));
+        assert_eq!(
+            watch.poll_event(),
+            Some(WatchEvent::Switched {
+                from: addr("10.0.0.1", 6379),
+                to: addr("10.0.0.2", 6380)
+            })
+        );
+        assert_eq!(watch.poll_event(), None);
+        // Keep-alive: a PING when due, the pong clears it, silence fails.
+        let ping_at = now + SentinelWatch::PING_INTERVAL;
+        assert_eq!(watch.poll_timeout(), Some(ping_at));
+        watch.handle_timeout(ping_at);
+        assert_eq!(
+            watch.poll_transmit().as_deref(),
+            Some(&bulk_array(&["PING"])[..])
+        );
+        watch.handle_input(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n", ping_at);
+        assert_eq!(watch.poll_event(), None);
+        let next = ping_at + SentinelWatch::PING_INTERVAL;
+        watch.handle_timeout(next);
+        assert!(watch.poll_transmit().is_some());
+        watch.handle_timeout(next + SentinelWatch::PING_TIMEOUT);
+        assert_eq!(
+            watch.poll_event(),
+            Some(WatchEvent::Failed(SentinelError::Timeout))
+        );
+        assert_eq!(watch.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_watch_refused_or_fed_nonsense_fails() {
+        let now = Instant::now();
+        let auth = RedisAuth {
+            username: None,
+            password: "pw".to_owned(),
+        };
+        let mut watch = SentinelWatch::new("m", Some(&auth));
+        watch.connected(now);
+        let sent = watch.poll_transmit().expect("auth and subscribe");
+        assert!(sent.starts_with(&bulk_array(&["AUTH", "pw"])));
+        watch.handle_input(b"-WRONGPASS nope\r\n", now);
+        assert!(matches!(
+            watch.poll_event(),
+            Some(WatchEvent::Failed(SentinelError::Refused(_)))
+        ));
+        let mut watch = SentinelWatch::new("m", None);
+        watch.connected(now);
+        let bad = bulk_array(&["message", "+switch-master", "m 1.2.3.4 x 5.6.7.8 9"]);
+        watch.handle_input(
+            b"*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n",
+            now,
+        );
+        watch.handle_input(&bad, now);
+        assert_eq!(watch.poll_event(), Some(WatchEvent::Watching));
+        assert!(matches!(
+            watch.poll_event(),
+            Some(WatchEvent::Failed(SentinelError::Malformed(_)))
+        ));
+    }
+}

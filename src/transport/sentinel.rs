@@ -1,0 +1,521 @@
+//! The async side of Redis Sentinel: [`MasterSearch`] drives a
+//! [`SentinelDiscovery`] round over real connections, and
+//! [`SentinelWatcher`] keeps a [`SentinelWatch`] subscribed to one of the
+//! sentinels, moving to the next when it fails. The protocol is in
+//! [`session::sentinel`](crate::session::sentinel); this is only I/O.
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::io::{AsyncRead, AsyncWrite};
+
+use crate::session::RedisLink;
+use crate::session::sentinel::{
+    DiscoveryError, DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelError, SentinelTarget,
+    SentinelWatch, WatchEvent,
+};
+
+use super::Backoff;
+use super::dial;
+use super::redis_config::{RedisConfig, RedisEndpoint};
+use super::runtime::{BoxConnection, BoxFuture, Runtime};
+
+/// What the sentinels told a [`RedisClient`](super::RedisClient).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SentinelEvent {
+    /// A link found the master: a sentinel named it and it said `master`.
+    MasterFound {
+        /// The link that connects to it now.
+        link: RedisLink,
+        /// The master.
+        master: MasterAddr,
+        /// The sentinel that named it.
+        sentinel: RedisEndpoint,
+        /// The sentinels asked before in this round, and why they did not
+        /// do (down, no such master, named a replica, ...).
+        rejected: Vec<(RedisEndpoint, SentinelError)>,
+    },
+    /// Failovers are heard through this sentinel from now on.
+    Watching {
+        /// The sentinel.
+        sentinel: RedisEndpoint,
+    },
+    /// The sentinels switched the master: links to another node are
+    /// closed and connect again through discovery.
+    Switched {
+        /// The master before.
+        from: MasterAddr,
+        /// The master now.
+        to: MasterAddr,
+    },
+    /// The connection watching for failovers was lost; the next sentinel
+    /// is tried after `retry_in`. Until then a failover is noticed when
+    /// the old master drops its clients or stops answering.
+    WatchLost {
+        /// The sentinel.
+        sentinel: RedisEndpoint,
+        /// Why.
+        error: SentinelError,
+        /// The delay before the next attempt.
+        retry_in: Duration,
+    },
+}
+
+impl fmt::Display for SentinelEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SentinelEvent::MasterFound {
+                link,
+                master,
+                sentinel,
+                rejected,
+            } => {
+                write!(f, "{link}: master {master} (from sentinel {sentinel})")?;
+                for (sentinel, error) in rejected {
+                    write!(f, "; sentinel {sentinel}: {error}")?;
+                }
+                Ok(())
+            }
+            SentinelEvent::Watching { sentinel } => {
+                write!(f, "watching failovers through sentinel {sentinel}")
+            }
+            SentinelEvent::Switched { from, to } => write!(f, "master switched {from} -> {to}"),
+            SentinelEvent::WatchLost {
+                sentinel,
+                error,
+                retry_in,
+            } => write!(
+                f,
+                "lost sentinel {sentinel}: {error}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+        }
+    }
+}
+
+/// The master a [`MasterSearch`] found, and the connection that checked
+/// its role.
+pub(crate) struct FoundMaster {
+    pub(crate) connection: BoxConnection,
+    pub(crate) master: MasterAddr,
+    /// The sentinel's index in the configuration.
+    pub(crate) sentinel: usize,
+    pub(crate) rejected: Vec<(usize, SentinelError)>,
+}
+
+/// One connection's bytes, for a question and its answer.
+struct Wire {
+    io: BoxConnection,
+    unsent: Bytes,
+    buf: Vec<u8>,
+}
+
+enum Read {
+    Data(usize),
+    Closed,
+    Pending,
+}
+
+impl Wire {
+    fn new(io: BoxConnection) -> Wire {
+        Wire {
+            io,
+            unsent: Bytes::new(),
+            buf: vec![0; 4096],
+        }
+    }
+
+    /// Writes what `next` gives until it is empty or the socket is full.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut next: impl FnMut() -> Option<Bytes>,
+    ) -> io::Result<()> {
+        loop {
+            if self.unsent.is_empty() {
+                match next() {
+                    Some(bytes) => self.unsent = bytes,
+                    None => break,
+                }
+            }
+            match Pin::new(&mut self.io).poll_write(cx, &self.unsent) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => bytes::Buf::advance(&mut self.unsent, n),
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => return Ok(()),
+            }
+        }
+        match Pin::new(&mut self.io).poll_flush(cx) {
+            Poll::Ready(Err(error)) => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> io::Result<Read> {
+        match Pin::new(&mut self.io).poll_read(cx, &mut self.buf) {
+            Poll::Ready(Ok(0)) => Ok(Read::Closed),
+            Poll::Ready(Ok(n)) => Ok(Read::Data(n)),
+            Poll::Ready(Err(error)) => Err(error),
+            Poll::Pending => Ok(Read::Pending),
+        }
+    }
+
+    fn data(&self, n: usize) -> &[u8] {
+        self.buf.get(..n).unwrap_or_default()
+    }
+}
+
+enum SearchState {
+    Idle,
+    Connecting(BoxFuture<'static, io::Result<BoxConnection>>),
+    Talking(Wire),
+}
+
+/// One discovery round over real connections: each step's connection has
+/// [`RedisConfig::connect_timeout`] to open and answer.
+pub(crate) struct MasterSearch {
+    config: RedisConfig,
+    round: SentinelDiscovery,
+    state: SearchState,
+    deadline: Option<BoxFuture<'static, ()>>,
+}
+
+impl MasterSearch {
+    /// A round for `config` (which must have sentinels), from sentinel
+    /// `first`.
+    pub(crate) fn new(config: &RedisConfig, first: usize) -> Option<MasterSearch> {
+        let sentinel = config.sentinel_config()?;
+        let round = SentinelDiscovery::new(
+            sentinel.service_name(),
+            sentinel.sentinels().len(),
+            first,
+            sentinel.auth().cloned(),
+            config.auth().cloned(),
+        );
+        Some(MasterSearch {
+            config: config.clone(),
+            round,
+            state: SearchState::Idle,
+            deadline: None,
+        })
+    }
+
+    /// Drives the round; ready with the master, or with an error of kind
+    /// `NotFound` wrapping the [`DiscoveryError`].
+    pub(crate) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        runtime: &dyn Runtime,
+    ) -> Poll<io::Result<FoundMaster>> {
+        loop {
+            if let Some(step) = self.round.poll_step() {
+                match step {
+                    DiscoveryStep::Connect(target) => self.open(runtime, &target),
+                    DiscoveryStep::Found { master, sentinel } => {
+                        let SearchState::Talking(wire) =
+                            std::mem::replace(&mut self.state, SearchState::Idle)
+                        else {
+                            return Poll::Ready(Err(io::Error::other(
+                                "lost the checked connection",
+                            )));
+                        };
+                        self.deadline = None;
+                        return Poll::Ready(Ok(FoundMaster {
+                            connection: wire.io,
+                            master,
+                            sentinel,
+                            rejected: self.round.failures().to_vec(),
+                        }));
+                    }
+                    DiscoveryStep::Failed(error) => {
+                        self.state = SearchState::Idle;
+                        self.deadline = None;
+                        return Poll::Ready(Err(discovery_error(error)));
+                    }
+                }
+                continue;
+            }
+            if let Some(deadline) = &mut self.deadline {
+                if deadline.as_mut().poll(cx).is_ready() {
+                    self.state = SearchState::Idle;
+                    self.deadline = None;
+                    self.round.timed_out();
+                    continue;
+                }
+            }
+            match &mut self.state {
+                SearchState::Idle => return Poll::Pending,
+                SearchState::Connecting(connect) => match connect.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(io)) => {
+                        self.state = SearchState::Talking(Wire::new(io));
+                        self.round.connected();
+                    }
+                    Poll::Ready(Err(error)) => {
+                        self.state = SearchState::Idle;
+                        self.round.connect_failed(error);
+                    }
+                },
+                SearchState::Talking(wire) => {
+                    let round = &mut self.round;
+                    if let Err(error) = wire.poll_write(cx, || round.poll_transmit()) {
+                        self.state = SearchState::Idle;
+                        self.round.connect_failed(error);
+                        continue;
+                    }
+                    match wire.poll_read(cx) {
+                        Ok(Read::Data(n)) => self.round.handle_input(wire.data(n)),
+                        Ok(Read::Pending) => return Poll::Pending,
+                        Ok(Read::Closed) => {
+                            self.state = SearchState::Idle;
+                            self.round.connect_failed("closed by the peer");
+                        }
+                        Err(error) => {
+                            self.state = SearchState::Idle;
+                            self.round.connect_failed(error);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, runtime: &dyn Runtime, target: &SentinelTarget) {
+        let timeout = self.config.connect_timeout();
+        let connect = match target {
+            SentinelTarget::Sentinel(index) => {
+                match self
+                    .config
+                    .sentinel_config()
+                    .and_then(|s| s.sentinel(*index))
+                {
+                    Some(endpoint) => {
+                        dial::connect(runtime, endpoint, self.config.sentinel_tls(), None)
+                    }
+                    None => {
+                        let error = io::Error::other("no such sentinel");
+                        Box::pin(async move { Err(error) })
+                    }
+                }
+            }
+            SentinelTarget::Master(master) => {
+                let endpoint = RedisEndpoint::Tcp {
+                    host: master.host.clone(),
+                    port: master.port,
+                };
+                dial::connect(runtime, &endpoint, self.config.dial_tls(), None)
+            }
+        };
+        self.state = SearchState::Connecting(connect);
+        self.deadline = Some(runtime.sleep_until(runtime.now() + timeout));
+    }
+}
+
+fn discovery_error(error: DiscoveryError) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, error)
+}
+
+enum WatchState {
+    Start,
+    Connecting {
+        connect: BoxFuture<'static, io::Result<BoxConnection>>,
+        timeout: BoxFuture<'static, ()>,
+    },
+    Watching(Box<Watching>),
+    Waiting(BoxFuture<'static, ()>),
+}
+
+struct Watching {
+    wire: Wire,
+    watch: SentinelWatch,
+    since: Instant,
+    timer: Option<(Instant, BoxFuture<'static, ()>)>,
+}
+
+/// Keeps a subscription to `+switch-master` on one sentinel after the
+/// other.
+pub(crate) struct SentinelWatcher {
+    config: RedisConfig,
+    index: usize,
+    state: WatchState,
+    backoff: Backoff,
+    stable_after: Duration,
+}
+
+impl SentinelWatcher {
+    pub(crate) fn new(
+        config: &RedisConfig,
+        backoff: Backoff,
+        stable_after: Duration,
+    ) -> Option<SentinelWatcher> {
+        config.sentinel_config()?;
+        Some(SentinelWatcher {
+            config: config.clone(),
+            index: 0,
+            state: WatchState::Start,
+            backoff,
+            stable_after,
+        })
+    }
+
+    /// Starts with this sentinel next time (the one that answered).
+    pub(crate) fn prefer(&mut self, index: usize) {
+        if matches!(self.state, WatchState::Start | WatchState::Waiting(_)) {
+            self.index = index;
+        }
+    }
+
+    fn endpoint(&self) -> RedisEndpoint {
+        self.config
+            .sentinel_config()
+            .and_then(|s| s.sentinel(self.index))
+            .cloned()
+            .unwrap_or_else(|| self.config.endpoint().clone())
+    }
+
+    fn lose(&mut self, runtime: &dyn Runtime, error: SentinelError, now: Instant) -> SentinelEvent {
+        if let WatchState::Watching(watching) = &self.state {
+            if now.saturating_duration_since(watching.since) >= self.stable_after {
+                self.backoff.reset();
+            }
+        }
+        let sentinel = self.endpoint();
+        let count = self
+            .config
+            .sentinel_config()
+            .map_or(1, |s| s.sentinels().len().max(1));
+        self.index = (self.index + 1) % count;
+        let retry_in = self.backoff.next_delay();
+        self.state = WatchState::Waiting(runtime.sleep_until(now + retry_in));
+        SentinelEvent::WatchLost {
+            sentinel,
+            error,
+            retry_in,
+        }
+    }
+
+    /// Drives the watch; ready with what it heard.
+    pub(crate) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        runtime: &dyn Runtime,
+        now: Instant,
+    ) -> Poll<SentinelEvent> {
+        loop {
+            match &mut self.state {
+                WatchState::Start => {
+                    let endpoint = self.endpoint();
+                    let connect =
+                        dial::connect(runtime, &endpoint, self.config.sentinel_tls(), None);
+                    let timeout = runtime.sleep_until(now + self.config.connect_timeout());
+                    self.state = WatchState::Connecting { connect, timeout };
+                }
+                WatchState::Waiting(sleep) => {
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    self.state = WatchState::Start;
+                }
+                WatchState::Connecting { connect, timeout } => {
+                    let result = match connect.as_mut().poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => match timeout.as_mut().poll(cx) {
+                            Poll::Ready(()) => {
+                                return Poll::Ready(self.lose(
+                                    runtime,
+                                    SentinelError::Timeout,
+                                    now,
+                                ));
+                            }
+                            Poll::Pending => return Poll::Pending,
+                        },
+                    };
+                    match result {
+                        Ok(io) => {
+                            let auth = self.config.sentinel_config().and_then(|s| s.auth());
+                            let service = self
+                                .config
+                                .sentinel_config()
+                                .map(|s| s.service_name().to_owned())
+                                .unwrap_or_default();
+                            let mut watch = SentinelWatch::new(service, auth);
+                            watch.connected(now);
+                            self.state = WatchState::Watching(Box::new(Watching {
+                                wire: Wire::new(io),
+                                watch,
+                                since: now,
+                                timer: None,
+                            }));
+                        }
+                        Err(error) => {
+                            let error = SentinelError::Unreachable(error.to_string());
+                            return Poll::Ready(self.lose(runtime, error, now));
+                        }
+                    }
+                }
+                WatchState::Watching(watching) => {
+                    let Watching {
+                        wire, watch, timer, ..
+                    } = &mut **watching;
+                    if let Some(event) = watch.poll_event() {
+                        match event {
+                            WatchEvent::Watching => {
+                                return Poll::Ready(SentinelEvent::Watching {
+                                    sentinel: self.endpoint(),
+                                });
+                            }
+                            WatchEvent::Switched { from, to } => {
+                                return Poll::Ready(SentinelEvent::Switched { from, to });
+                            }
+                            WatchEvent::Failed(error) => {
+                                return Poll::Ready(self.lose(runtime, error, now));
+                            }
+                        }
+                    }
+                    if let Err(error) = wire.poll_write(cx, || watch.poll_transmit()) {
+                        let error = SentinelError::Unreachable(error.to_string());
+                        return Poll::Ready(self.lose(runtime, error, now));
+                    }
+                    match wire.poll_read(cx) {
+                        Ok(Read::Data(n)) => {
+                            watch.handle_input(wire.data(n), now);
+                            continue;
+                        }
+                        Ok(Read::Pending) => {}
+                        Ok(Read::Closed) => {
+                            let error = SentinelError::Unreachable("closed by the sentinel".into());
+                            return Poll::Ready(self.lose(runtime, error, now));
+                        }
+                        Err(error) => {
+                            let error = SentinelError::Unreachable(error.to_string());
+                            return Poll::Ready(self.lose(runtime, error, now));
+                        }
+                    }
+                    let Some(deadline) = watch.poll_timeout() else {
+                        return Poll::Pending;
+                    };
+                    if deadline <= now {
+                        watch.handle_timeout(now);
+                        continue;
+                    }
+                    if timer.as_ref().is_none_or(|(armed, _)| *armed != deadline) {
+                        *timer = Some((deadline, runtime.sleep_until(deadline)));
+                    }
+                    if let Some((_, sleep)) = timer {
+                        if sleep.as_mut().poll(cx).is_ready() {
+                            *timer = None;
+                            watch.handle_timeout(deadline);
+                            continue;
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
