@@ -12,7 +12,9 @@
 //! Options:
 //!
 //! - `--redis URL`: follow a deployment through its Redis (`redis://`,
-//!   `rediss://` with the `tls` feature, `unix://`; see `RedisConfig`):
+//!   `rediss://` with the `tls` feature, `unix://`, or behind Redis
+//!   Sentinel `redis+sentinel://host1,host2/service_name`; see
+//!   `RedisConfig`):
 //!   subscribe to the server name's channels, publish `REPLICATE`, print
 //!   what arrives; reconnects forever with backoff. Nothing is published but
 //!   `REPLICATE` (tail writes no stream).
@@ -54,6 +56,7 @@
 //! connect-failed <error>; retry in <ms> ms
 //! malformed <channel> <error>                 (Redis only)
 //! publish-failed <command> <error>            (Redis only)
+//! sentinel <what the sentinels said>          (Redis Sentinel only)
 //! ```
 //!
 //! `command` is a command for the application (`REMOTE_SERVER_UP`,
@@ -406,6 +409,7 @@ fn run_redis(
                 RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
                     format!("closing {error}")
                 }
+                RedisClientEvent::Sentinel(event) => format!("sentinel {event}"),
                 other => format!("{other:?}"),
             };
             writeln!(out, "{line}")?;

@@ -7,6 +7,8 @@ use serde::Deserialize;
 
 use crate::session::RedisAuth;
 
+use super::sentinel::DEFAULT_SENTINEL_PORT;
+use super::url::parse_authority_with;
 use super::{RedisConfig, RedisConfigError, TlsConfig};
 
 impl RedisConfig {
@@ -48,6 +50,7 @@ impl RedisConfig {
             (None, None) => None,
         };
         let mut config = match &section.path {
+            _ if !section.sentinels.is_empty() => sentinel_config(section)?,
             Some(path) if !path.as_os_str().is_empty() => {
                 if section.use_tls {
                     return Err(RedisConfigError::TlsOverUnix);
@@ -68,20 +71,56 @@ impl RedisConfig {
         config.auth = auth;
         config.database = section.dbid;
         if section.use_tls {
-            let tls = TlsConfig {
-                ca_file: section.ca_file.clone(),
-                ca_path: section.ca_path.clone(),
-                certificate_file: section.certificate_file.clone(),
-                private_key_file: section.private_key_file.clone(),
-                server_name: None,
-            };
-            if tls.certificate_file.is_some() != tls.private_key_file.is_some() {
-                return Err(RedisConfigError::CertificateWithoutKey);
-            }
-            config = config.with_tls(tls);
+            config = config.with_tls(tls_files(section)?);
         }
         Ok(config)
     }
+}
+
+/// The TLS files of the section.
+fn tls_files(section: &SynapseRedisConfig) -> Result<TlsConfig, RedisConfigError> {
+    let tls = TlsConfig {
+        ca_file: section.ca_file.clone(),
+        ca_path: section.ca_path.clone(),
+        certificate_file: section.certificate_file.clone(),
+        private_key_file: section.private_key_file.clone(),
+        server_name: None,
+    };
+    if tls.certificate_file.is_some() != tls.private_key_file.is_some() {
+        return Err(RedisConfigError::CertificateWithoutKey);
+    }
+    Ok(tls)
+}
+
+/// The sentinel form of the section: the sentinels, the service name, the
+/// sentinels' credentials and TLS.
+fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisConfigError> {
+    let service = section
+        .sentinel_service_name
+        .clone()
+        .filter(|name| !name.is_empty())
+        .ok_or(RedisConfigError::MissingServiceName)?;
+    let sentinels = section
+        .sentinels
+        .iter()
+        .map(|address| parse_authority_with(address, DEFAULT_SENTINEL_PORT))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut config = RedisConfig::sentinel_endpoints(service, sentinels);
+    let username = section
+        .sentinel_username
+        .clone()
+        .filter(|username| !username.is_empty());
+    match (username, section.sentinel_password.clone()) {
+        (username, Some(password)) if !password.is_empty() => {
+            config = config.with_sentinel_auth(RedisAuth { username, password });
+        }
+        (Some(_), _) => return Err(RedisConfigError::UsernameWithoutPassword),
+        _ => {}
+    }
+    if section.sentinel_use_tls {
+        config = config.with_sentinel_tls(tls_files(section)?);
+    }
+    Ok(config)
 }
 
 /// Synapse's `redis:` config section (Synapse 1.163.2,
@@ -135,6 +174,22 @@ pub struct SynapseRedisConfig {
     /// A directory of PEM CA files, with `use_tls` (ignored when
     /// `ca_file` is set).
     pub ca_path: Option<PathBuf>,
+    /// Redis Sentinel (not a Synapse setting; Synapse ignores these keys,
+    /// so one section can serve both): the sentinels, as `host` or
+    /// `host:port` (26379 by default; IPv6 in brackets). When set, the
+    /// master is found through them and followed through failovers, and
+    /// `host`, `port` and `path` are not used.
+    pub sentinels: Vec<String>,
+    /// The master's name, as the sentinels monitor it; needed with
+    /// `sentinels`.
+    pub sentinel_service_name: Option<String>,
+    /// The sentinels' ACL user, if any.
+    pub sentinel_username: Option<String>,
+    /// The sentinels' password, if any (the data nodes' is `password`).
+    pub sentinel_password: Option<String>,
+    /// Whether to reach the sentinels with TLS (with the CA and client
+    /// certificate files above).
+    pub sentinel_use_tls: bool,
 }
 
 impl Default for SynapseRedisConfig {
@@ -153,6 +208,11 @@ impl Default for SynapseRedisConfig {
             private_key_file: None,
             ca_file: None,
             ca_path: None,
+            sentinels: Vec::new(),
+            sentinel_service_name: None,
+            sentinel_username: None,
+            sentinel_password: None,
+            sentinel_use_tls: false,
         }
     }
 }
@@ -173,6 +233,14 @@ impl fmt::Debug for SynapseRedisConfig {
             .field("private_key_file", &self.private_key_file)
             .field("ca_file", &self.ca_file)
             .field("ca_path", &self.ca_path)
+            .field("sentinels", &self.sentinels)
+            .field("sentinel_service_name", &self.sentinel_service_name)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_use_tls", &self.sentinel_use_tls)
             .finish()
     }
 }
@@ -194,7 +262,7 @@ fn read_password_file(path: &Path) -> Result<String, RedisConfigError> {
 #[cfg(test)]
 mod tests {
     use super::super::test_files::TempFile;
-    use super::super::tests::auth;
+    use super::super::tests::{auth, tcp};
     use super::*;
     use crate::transport::RedisEndpoint;
 
@@ -334,5 +402,52 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+    #[test]
+    fn synapse_sentinels() {
+        let config = synapse(
+            r#"{"enabled": true, "password": "data-pw", "dbid": 2,
+                "sentinels": ["10.0.0.1", "10.0.0.2:26380", "[::1]"],
+                "sentinel_service_name": "mymaster",
+                "sentinel_password": "sentinel-pw"}"#,
+        )
+        .unwrap();
+        let sentinels = config.sentinel_config().expect("sentinels");
+        assert_eq!(sentinels.service_name(), "mymaster");
+        assert_eq!(
+            sentinels.sentinels(),
+            &[
+                tcp("10.0.0.1", 26379),
+                tcp("10.0.0.2", 26380),
+                tcp("::1", 26379)
+            ]
+        );
+        assert_eq!(sentinels.auth(), auth(None, "sentinel-pw").as_ref());
+        assert_eq!(config.auth(), auth(None, "data-pw").as_ref());
+        assert_eq!(config.database(), Some(2));
+        // The same as the URL form.
+        assert_eq!(
+            config,
+            "redis+sentinel://:data-pw@10.0.0.1,10.0.0.2:26380,[::1]/mymaster/2?sentinel_password=sentinel-pw"
+                .parse()
+                .unwrap()
+        );
+        let shown = format!(
+            "{:?} {:?}",
+            section(r#"{"sentinel_password": "s3cret"}"#),
+            config
+        );
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("sentinel-pw"),
+            "{shown}"
+        );
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "sentinels": ["h"]}"#),
+            Err(RedisConfigError::MissingServiceName)
+        ));
+        assert!(matches!(
+            synapse(r#"{"enabled": true, "sentinels": ["h:x"], "sentinel_service_name": "m"}"#),
+            Err(RedisConfigError::InvalidPort(_))
+        ));
     }
 }
