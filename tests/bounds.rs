@@ -181,6 +181,41 @@ fn a_sender_shuts_a_tcp_client_down_from_another_task() {
     ));
 }
 
+#[test]
+fn a_sender_shuts_a_redis_client_down_from_another_task() {
+    let registry = Arc::new(StreamWriters::default().with_redis(true));
+    let me = InstanceName::from("worker1");
+    let session = RedisSession::new(
+        RedisSessionConfig::new("example.com"),
+        Follower::new(me.clone(), registry.clone()),
+        Writer::new(me, registry),
+    );
+    let config = RedisConfig::tcp("127.0.0.1", closed_port());
+    let mut client = RedisClient::new(SmolRuntime, config, session);
+    let sender = client.sender();
+    smol::block_on(async {
+        let stop = async {
+            smol::Timer::after(Duration::from_millis(50)).await;
+            sender.shutdown();
+        };
+        let drain = async {
+            while client.next_event().await.is_some() {}
+            Some(())
+        };
+        let give_up = async {
+            smol::Timer::after(PATIENCE).await;
+            panic!("the client never shut down");
+        };
+        let both = async { futures::future::join(drain, stop).await.0 };
+        assert_eq!(smol::future::or(both, give_up).await, Some(()));
+    });
+    assert!(smol::block_on(client.next_event()).is_none());
+    assert!(matches!(
+        sender.send(command(1)),
+        Err(CommandSendError::Closed(_))
+    ));
+}
+
 /// Polls the server until `want` accepts an event, or fails after
 /// [`PATIENCE`].
 fn next_matching(

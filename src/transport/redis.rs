@@ -646,6 +646,11 @@ impl<R: Runtime> RedisClient<R> {
             if done { Poll::Ready(()) } else { Poll::Pending }
         })
         .await;
+        self.shut_down();
+    }
+
+    /// Stops at once: connections dropped, nothing more reported.
+    fn shut_down(&mut self) {
         let now = self.runtime.now();
         for (slot, link) in self.slots.iter_mut().zip(RedisLink::BOTH) {
             if matches!(slot.state, State::Connected(_)) {
@@ -665,6 +670,9 @@ impl<R: Runtime> RedisClient<R> {
     /// client's own queue only holds its own events, and the session's
     /// that came before them), so that each event is moved once.
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisClientEvent>> {
+        if !self.shutdown && self.commands.shutdown_requested() {
+            self.shut_down();
+        }
         for _ in 0..BUDGET {
             if let Some(event) = self.next_queued() {
                 return Poll::Ready(Some(event));
