@@ -7,7 +7,8 @@
 //! [`History`](crate::positions::History), or the application's store).
 //! HTTP/1.1 is hyper's server, run over a [`Runtime`] listener with no
 //! executor: connections are polled by [`HttpServer::run`] itself, so it
-//! works on smol and tokio alike.
+//! works on smol and tokio alike. With the `tls` feature it serves HTTPS
+//! ([`HttpServer::with_tls`]), rustls underneath.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -15,6 +16,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -77,6 +79,77 @@ impl Default for HttpServerConfig {
             accept_pause: Duration::from_millis(100),
         }
     }
+}
+
+/// HTTPS for an [`HttpServer`] (needs the crate's `tls` feature; rustls
+/// with the ring provider and its safe default protocol versions
+/// underneath): the server's certificate and key, and optionally the CAs
+/// whose client certificates are required.
+///
+/// For Synapse's processes to fetch from it, its `instance_map` entry
+/// says `tls: true`; Synapse then verifies the certificate against the
+/// system's CAs (OpenSSL's default trust store, `SSL_CERT_FILE`), for the
+/// entry's `host`. Synapse presents no client certificate: leave
+/// `client_ca_file` unset for it (it is for other clients, such as this
+/// crate's [`HttpCatchUp`](crate::transport::HttpCatchUp) with a
+/// [`TlsConfig`](crate::transport::TlsConfig) certificate).
+///
+/// ```
+/// use synapse_replication::transport::HttpServerTls;
+///
+/// let mut tls = HttpServerTls::new("/etc/synapse/typing1.crt", "/etc/synapse/typing1.key");
+/// tls.client_ca_file = Some("/etc/synapse/clients-ca.crt".into());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct HttpServerTls {
+    /// A PEM file with the server's certificate, then its chain.
+    pub certificate_file: PathBuf,
+    /// A PEM file with the certificate's private key (PKCS#8, PKCS#1 or
+    /// SEC1).
+    pub private_key_file: PathBuf,
+    /// A PEM file of CA certificates: when set, every client must present
+    /// a certificate signed by one of them, or the handshake fails.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl HttpServerTls {
+    /// The certificate chain and key in these PEM files, with no client
+    /// certificates asked for.
+    pub fn new(
+        certificate_file: impl Into<PathBuf>,
+        private_key_file: impl Into<PathBuf>,
+    ) -> HttpServerTls {
+        HttpServerTls {
+            certificate_file: certificate_file.into(),
+            private_key_file: private_key_file.into(),
+            client_ca_file: None,
+        }
+    }
+}
+
+/// Why [`HttpServer::with_tls`] cannot serve HTTPS.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpServerTlsError {
+    /// The crate was built without its `tls` feature.
+    #[error("HTTPS needs synapse-replication's `tls` feature")]
+    Unavailable,
+    /// A certificate or key file cannot be loaded.
+    #[error("cannot load the HTTP server's tls {what} {path:?}: {reason}")]
+    File {
+        /// The setting that names the file: `certificate_file`,
+        /// `private_key_file` or `client_ca_file`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be loaded (never the file's contents).
+        reason: String,
+    },
+    /// rustls refused the configuration (a key that does not match the
+    /// certificate, an unusable CA...).
+    #[error("the HTTP server's tls configuration is refused: {0}")]
+    Tls(String),
 }
 
 /// A request for a route other than the catch-up endpoint, handed to the
@@ -152,6 +225,7 @@ struct Counts {
     failed: AtomicU64,
     busy: AtomicU64,
     handled: AtomicU64,
+    handshakes_failed: AtomicU64,
 }
 
 impl HttpServerCounters {
@@ -185,16 +259,23 @@ impl HttpServerCounters {
     pub fn handled(&self) -> u64 {
         self.inner.handled.load(Ordering::Relaxed)
     }
+
+    /// TLS handshakes that failed or did not finish in time (HTTPS only:
+    /// a plain-HTTP request, an untrusted or missing client
+    /// certificate...).
+    pub fn handshakes_failed(&self) -> u64 {
+        self.inner.handshakes_failed.load(Ordering::Relaxed)
+    }
 }
 
 /// Serves Synapse's catch-up endpoint for one instance, from a
 /// [`CatchUpSource`]: what Synapse's processes call on a writer they
 /// follow (its `instance_map` address).
 ///
-/// Plain HTTP/1.1 only: Synapse's replication listeners are plain HTTP
-/// unless an `instance_map` entry says `tls: true`, and a TLS listener
-/// would need certificate and key loading this crate does not carry. Put
-/// it on a private network, or behind a TLS-terminating proxy.
+/// HTTP/1.1, plain unless [`HttpServer::with_tls`] makes it HTTPS (feature
+/// `tls`): Synapse fetches over HTTPS from an `instance_map` entry that
+/// says `tls: true`, and over plain HTTP otherwise. Plain HTTP belongs on
+/// a private network.
 ///
 /// Bounded: requests of at most [`HttpServerConfig::max_request_bytes`],
 /// at most [`HttpServerConfig::max_concurrent`] at once (503 beyond), each
@@ -238,6 +319,9 @@ struct Shared {
     handler: Option<Arc<Handler>>,
     config: HttpServerConfig,
     counters: HttpServerCounters,
+    /// HTTPS: each connection's handshake.
+    #[cfg(feature = "tls")]
+    tls: Option<futures_rustls::TlsAcceptor>,
 }
 
 impl<R: Runtime> fmt::Debug for HttpServer<R> {
@@ -245,6 +329,7 @@ impl<R: Runtime> fmt::Debug for HttpServer<R> {
         f.debug_struct("HttpServer")
             .field("endpoint", &self.shared.endpoint)
             .field("config", &self.shared.config)
+            .field("https", &self.shared.https())
             .field("counters", &self.shared.counters)
             .finish_non_exhaustive()
     }
@@ -280,6 +365,8 @@ impl<R: Runtime> HttpServer<R> {
                 handler: None,
                 config: HttpServerConfig::default(),
                 counters: HttpServerCounters::default(),
+                #[cfg(feature = "tls")]
+                tls: None,
             }),
         }
     }
@@ -301,6 +388,27 @@ impl<R: Runtime> HttpServer<R> {
     {
         self.shared_mut(|shared| shared.handler = Some(Arc::new(handler)));
         self
+    }
+
+    /// Serves HTTPS: the certificate and key are loaded, and rustls
+    /// configured, now; each connection's handshake must then finish
+    /// within its [`HttpServerConfig::request_timeout`]. Fails with
+    /// [`HttpServerTlsError::Unavailable`] in a build without the `tls`
+    /// feature, and with the file or the reason for a certificate or key
+    /// that does not do.
+    pub fn with_tls(mut self, tls: &HttpServerTls) -> Result<HttpServer<R>, HttpServerTlsError> {
+        #[cfg(feature = "tls")]
+        {
+            let config = Arc::new(tls::server_config(tls)?);
+            let acceptor = futures_rustls::TlsAcceptor::from(config);
+            self.shared_mut(|shared| shared.tls = Some(acceptor));
+            Ok(self)
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = (&mut self, tls);
+            Err(HttpServerTlsError::Unavailable)
+        }
     }
 
     /// The address listened on.
@@ -370,7 +478,9 @@ impl<R: Runtime> HttpServer<R> {
                     shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, "replication HTTP server busy: refusing");
                     if refusals.len() < max {
-                        refusals.push(Box::pin(refuse(Arc::clone(&runtime), socket)));
+                        let refusal =
+                            refuse(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
+                        refusals.push(Box::pin(refusal));
                     }
                 }
             }
@@ -387,6 +497,9 @@ async fn serve<R: Runtime>(
     peer: SocketAddr,
 ) {
     let deadline = runtime.now() + shared.config.request_timeout;
+    let Some(socket) = shared.secure(&*runtime, socket, peer, deadline).await else {
+        return;
+    };
     let max_buf = shared.config.max_request_bytes.max(MIN_BUFFER);
     let service = {
         let runtime = Arc::clone(&runtime);
@@ -416,8 +529,17 @@ async fn serve<R: Runtime>(
     }
 }
 
-/// A connection beyond the limit: 503, then closed.
-async fn refuse<R: Runtime>(runtime: Arc<R>, socket: BoxConnection) {
+/// A connection beyond the limit: 503 (over TLS for HTTPS), then closed.
+async fn refuse<R: Runtime>(
+    runtime: Arc<R>,
+    shared: Arc<Shared>,
+    socket: BoxConnection,
+    peer: SocketAddr,
+) {
+    let deadline = runtime.now() + REFUSAL_TIMEOUT;
+    let Some(socket) = shared.secure(&*runtime, socket, peer, deadline).await else {
+        return;
+    };
     let service = service_fn(|_request| async {
         Ok::<_, Infallible>(response((
             503,
@@ -428,7 +550,7 @@ async fn refuse<R: Runtime>(runtime: Arc<R>, socket: BoxConnection) {
         .keep_alive(false)
         .max_buf_size(MIN_BUFFER)
         .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
-    let cut = runtime.sleep_until(runtime.now() + REFUSAL_TIMEOUT);
+    let cut = runtime.sleep_until(deadline);
     let _ = future::select(pin!(connection), cut).await;
 }
 
@@ -447,6 +569,41 @@ fn response((status, body): (u16, String)) -> hyper::Response<String> {
 }
 
 impl Shared {
+    /// Whether connections are served over TLS.
+    fn https(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// The connection as served: over TLS once its handshake finished by
+    /// `deadline` (HTTPS), as accepted otherwise; `None` when the
+    /// handshake failed.
+    async fn secure<R: Runtime>(
+        &self,
+        runtime: &R,
+        socket: BoxConnection,
+        peer: SocketAddr,
+        deadline: Instant,
+    ) -> Option<BoxConnection> {
+        #[cfg(feature = "tls")]
+        if let Some(acceptor) = &self.tls {
+            let handshake = pin!(acceptor.accept(socket));
+            let failed = match future::select(handshake, runtime.sleep_until(deadline)).await {
+                Either::Left((Ok(stream), _)) => return Some(Box::new(stream)),
+                Either::Left((Err(error), _)) => error.to_string(),
+                Either::Right(((), _)) => "timed out".to_owned(),
+            };
+            let counts = &self.counters.inner;
+            counts.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, error = %failed, "replication HTTPS handshake failed");
+            return None;
+        }
+        let _ = (runtime, peer, deadline);
+        Some(socket)
+    }
+
     /// The status and body for one request.
     async fn answer<R: Runtime>(
         &self,
@@ -575,6 +732,62 @@ impl Shared {
                 (answer.status, answer.body)
             }
         }
+    }
+}
+
+/// Building the rustls server configuration (feature `tls`).
+#[cfg(feature = "tls")]
+mod tls {
+    use std::sync::Arc;
+
+    use futures_rustls::rustls::server::WebPkiClientVerifier;
+    use futures_rustls::rustls::{self, RootCertStore, ServerConfig};
+
+    use super::super::pem::{PemFileError, certificates, private_key};
+    use super::{HttpServerTls, HttpServerTlsError};
+
+    impl From<PemFileError> for HttpServerTlsError {
+        fn from(error: PemFileError) -> HttpServerTlsError {
+            let PemFileError { what, path, reason } = error;
+            HttpServerTlsError::File { what, path, reason }
+        }
+    }
+
+    fn refused(error: impl ToString) -> HttpServerTlsError {
+        HttpServerTlsError::Tls(error.to_string())
+    }
+
+    /// rustls with the ring provider, its safe default protocol versions,
+    /// the certificate chain and key, and client certificates required
+    /// when a CA for them is given.
+    pub(super) fn server_config(tls: &HttpServerTls) -> Result<ServerConfig, HttpServerTlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = certificates(&tls.certificate_file, "certificate_file")?;
+        let key = private_key(&tls.private_key_file, "private_key_file")?;
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(refused)?;
+        let builder = match &tls.client_ca_file {
+            None => builder.with_no_client_auth(),
+            Some(ca_file) => {
+                let mut roots = RootCertStore::empty();
+                for certificate in certificates(ca_file, "client_ca_file")? {
+                    roots
+                        .add(certificate)
+                        .map_err(|error| HttpServerTlsError::File {
+                            what: "client_ca_file",
+                            path: ca_file.clone(),
+                            reason: error.to_string(),
+                        })?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(refused)?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        builder.with_single_cert(chain, key).map_err(refused)
     }
 }
 

@@ -247,7 +247,10 @@ pub use dial::TlsConfig;
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg(feature = "http-server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
-pub use http_serve::{HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters};
+pub use http_serve::{
+    HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters, HttpServerTls,
+    HttpServerTlsError,
+};
 pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
 pub use redis_config::{
     DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
