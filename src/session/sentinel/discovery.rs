@@ -14,7 +14,7 @@ use super::{
 };
 
 /// One round of master discovery over a deployment's sentinels (see the
-/// [module docs](self)).
+/// [module docs](crate::session::sentinel)).
 ///
 /// # Call order
 ///

@@ -34,7 +34,7 @@ pub enum WatchEvent {
 }
 
 /// A subscription to one sentinel's `+switch-master` announcements for
-/// one service (see the [module docs](self)).
+/// one service (see the [module docs](crate::session::sentinel)).
 ///
 /// Call [`connected`](Self::connected) when the connection is up, give
 /// every byte read to [`handle_input`](Self::handle_input), call
