@@ -65,152 +65,10 @@
 //! the byte stream over TCP, a Unix socket, or TLS (feature `tls`, rustls),
 //! which never falls back to plaintext.
 
-/// Brings a [`FollowerEvent`](crate::positions::FollowerEvent)'s common
-/// variants up into a client event enum with the same variants (`Rows`,
-/// `Position`, `Started`, `Reset`), and the rest into `$other`.
-macro_rules! from_follower {
-    ($event:expr, $client:ident, $other:expr) => {
-        match $event {
-            FollowerEvent::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            } => $client::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            },
-            FollowerEvent::Position {
-                stream,
-                writer,
-                token,
-            } => $client::Position {
-                stream,
-                writer,
-                token,
-            },
-            FollowerEvent::Started {
-                stream,
-                writer,
-                token,
-            } => $client::Started {
-                stream,
-                writer,
-                token,
-            },
-            FollowerEvent::Reset {
-                stream,
-                writer,
-                previous,
-                new,
-            } => $client::Reset {
-                stream,
-                writer,
-                previous,
-                new,
-            },
-            other => $other(other),
-        }
-    };
-}
-
-/// The inverse of `from_follower!`: the client event's
-/// [`FollowerEvent`](crate::positions::FollowerEvent), if it is one.
-macro_rules! into_follower {
-    ($event:expr, $client:ident, $session:ident) => {
-        match $event {
-            $client::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            } => Ok(FollowerEvent::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            }),
-            $client::Position {
-                stream,
-                writer,
-                token,
-            } => Ok(FollowerEvent::Position {
-                stream,
-                writer,
-                token,
-            }),
-            $client::Started {
-                stream,
-                writer,
-                token,
-            } => Ok(FollowerEvent::Started {
-                stream,
-                writer,
-                token,
-            }),
-            $client::Reset {
-                stream,
-                writer,
-                previous,
-                new,
-            } => Ok(FollowerEvent::Reset {
-                stream,
-                writer,
-                previous,
-                new,
-            }),
-            $client::Session($session::Follower(event)) => Ok(event),
-            other => Err(other),
-        }
-    };
-}
-
-/// Formats those variants as [`FollowerEvent`](crate::positions::FollowerEvent)'s
-/// `Display` does; `None` for the others.
-macro_rules! fmt_follower {
-    ($f:expr, $event:expr, $client:ident) => {
-        match $event {
-            $client::Rows {
-                stream,
-                writer,
-                token,
-                rows,
-                source,
-            } => Some(write!(
-                $f,
-                "rows {stream} {writer} {token} ({} rows, {source:?})",
-                rows.len()
-            )),
-            $client::Position {
-                stream,
-                writer,
-                token,
-            } => Some(write!($f, "position {stream} {writer} {token}")),
-            $client::Started {
-                stream,
-                writer,
-                token,
-            } => Some(write!($f, "started {stream} {writer} {token}")),
-            $client::Reset {
-                stream,
-                writer,
-                previous,
-                new,
-            } => Some(write!($f, "reset {stream} {writer} {previous} -> {new}")),
-            _ => None,
-        }
-    };
-}
-
 mod catch_ups;
 mod command_queue;
 mod dial;
+mod events;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
 #[cfg(feature = "http-server")]
@@ -242,6 +100,7 @@ use crate::positions::{CatchUpPage, CatchUpRequest};
 
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 pub use dial::TlsConfig;
+pub use events::{RedisClientEvent, TcpClientEvent};
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
@@ -251,7 +110,7 @@ pub use http_serve::{
     HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters, HttpServerTls,
     HttpServerTlsError,
 };
-pub use redis::{RedisClient, RedisClientConfig, RedisClientEvent};
+pub use redis::{RedisClient, RedisClientConfig};
 pub use redis_config::{
     DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
     SynapseRedisConfig,
@@ -265,7 +124,7 @@ pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
 pub use command_queue::{CommandSendError, CommandSender};
 pub use socket::Disconnect;
-pub use tcp_client::{TcpClient, TcpClientConfig, TcpClientEvent};
+pub use tcp_client::{TcpClient, TcpClientConfig};
 pub use tcp_server::{TcpServer, TcpServerConfig, TcpServerEvent};
 #[cfg(feature = "runtime-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]

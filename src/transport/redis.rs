@@ -10,24 +10,24 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::positions::{
-    CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Rows,
-    SeedError, WriteError, Writer,
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError, WriteError, Writer,
 };
 use crate::session::{
     RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
 };
-use crate::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
+use crate::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
 
 use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::command_queue::{CommandQueue, CommandSender};
+use super::events::RedisClientEvent;
 use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelEvent, SentinelWatcher};
 use super::socket::Disconnect;
 use super::socket::{Link, Timer};
 use super::synapse_config::SynapseConfig;
-use super::{Backoff, BoxError, CatchUpSource};
+use super::{Backoff, CatchUpSource};
 use crate::session::MasterAddr;
 
 /// Passes of a driver's poll before it yields to the executor.
@@ -73,227 +73,6 @@ impl Default for RedisClientConfig {
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 256 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
-        }
-    }
-}
-
-/// What a [`RedisClient`] tells the application.
-///
-/// The common events are one level deep: [`Ready`](Self::Ready), then
-/// [`Rows`](Self::Rows) and [`Position`](Self::Position) of the streams
-/// followed, other processes' [`Command`](Self::Command)s, and the
-/// connection's and catch-ups' ups and downs. What else the session
-/// reports (malformed messages, refused publishes, rejected writers, the
-/// catch-ups it asks for, ...) comes as [`Session`](Self::Session).
-///
-/// ```
-/// # use synapse_replication::transport::RedisClientEvent;
-/// fn handle(event: RedisClientEvent) {
-///     match event {
-///         RedisClientEvent::Rows { stream, writer, token, rows, .. } => {
-///             println!("{stream} from {writer} at {token}: {} rows", rows.len())
-///         }
-///         RedisClientEvent::Command(command) => println!("{}", command.kind()),
-///         other => println!("{other}"),
-///     }
-/// }
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RedisClientEvent {
-    /// Every channel is subscribed and the publisher is up: `REPLICATE`
-    /// (after a new subscription) and this process's positions are on
-    /// their way. Send what others must hear on every connection now
-    /// (Synapse's workers send a `USER_SYNC` per syncing user).
-    Ready,
-    /// Rows of one token of `stream`, written by `writer`, to apply
-    /// together (see [`FollowerEvent::Rows`]).
-    Rows {
-        /// The stream.
-        stream: StreamName,
-        /// The writer that wrote them.
-        writer: InstanceName,
-        /// Their token: the writer's position once they are applied.
-        token: Token,
-        /// The rows, in the order written.
-        rows: Rows,
-        /// Whether they came live or from a catch-up.
-        source: RowSource,
-    },
-    /// A writer's position moved without rows (see
-    /// [`FollowerEvent::Position`]).
-    Position {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// The new position.
-        token: Token,
-    },
-    /// The follower began following a writer it had no position for;
-    /// rows before `token` were not fetched (see
-    /// [`FollowerEvent::Started`]).
-    Started {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// Where following starts.
-        token: Token,
-    },
-    /// A writer's stream went backwards: it restarted (see
-    /// [`FollowerEvent::Reset`]).
-    Reset {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// The position before the reset.
-        previous: Token,
-        /// The writer's announced position.
-        new: Token,
-    },
-    /// A command for the application from another process: `USER_SYNC`,
-    /// `CLEAR_USER_SYNC`, `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`,
-    /// `LOCK_RELEASED`, `NEW_ACTIVE_TASK`, `CANCEL_TASK` (and `ERROR`,
-    /// `PING`, which Synapse only logs). This process's own come back too:
-    /// Redis echoes them.
-    Command(Command),
-    /// A connection is up; its handshake is on its way.
-    /// [`Ready`](Self::Ready) follows once both are subscribed and
-    /// authenticated.
-    Connected {
-        /// Which.
-        link: RedisLink,
-    },
-    /// Connecting failed; the next attempt is in `retry_in`.
-    ConnectFailed {
-        /// Which connection.
-        link: RedisLink,
-        /// Why.
-        error: io::Error,
-        /// The delay before the next attempt.
-        retry_in: Duration,
-    },
-    /// A connection ended; the next attempt is in `retry_in`. Losing the
-    /// subscriber makes the follower drop what belonged to it; on the next
-    /// subscription the writers' `POSITION`s show what was missed, and
-    /// catch-ups fetch it.
-    Disconnected {
-        /// Which connection.
-        link: RedisLink,
-        /// Why.
-        reason: Disconnect,
-        /// The delay before reconnecting.
-        retry_in: Duration,
-    },
-    /// What else the session reports: malformed messages, refused
-    /// publishes, the follower's other events (catch-ups it asked for,
-    /// rejected writers), commands received with `report_received`, and a
-    /// connection it gives up.
-    Session(RedisEvent),
-    /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
-    /// new id) after `retry_in`. Only this writer's rows of the stream wait
-    /// for it. Each writer's retries back off on their own.
-    CatchUpFailed {
-        /// The request that failed.
-        request: CatchUpRequest,
-        /// Why.
-        error: BoxError,
-        /// The delay before asking again.
-        retry_in: Duration,
-        /// Failures in a row of this writer's catch-up, this one included
-        /// (since when: `stuck_catch_ups`, once it is stuck).
-        failures: u32,
-    },
-    /// A catch-up failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times in a row (reported
-    /// once per run of failures; it is still retried). Until it succeeds it
-    /// is listed by `stuck_catch_ups`.
-    CatchUpStuck(StuckCatchUp),
-    /// What the sentinels said (with a sentinel [`RedisConfig`] only):
-    /// the master each link found, failovers, the watch's ups and downs.
-    Sentinel(SentinelEvent),
-    /// A command given to a [`CommandSender`] could not be sent (not
-    /// ready, or refused); it was dropped.
-    SendFailed {
-        /// The command.
-        command: CommandKind,
-        /// Why.
-        error: SendError,
-    },
-}
-
-impl From<RedisEvent> for RedisClientEvent {
-    /// Brings the common session events up one level.
-    fn from(event: RedisEvent) -> RedisClientEvent {
-        match event {
-            RedisEvent::Ready => RedisClientEvent::Ready,
-            RedisEvent::Command(command) => RedisClientEvent::Command(command),
-            RedisEvent::Follower(event) => from_follower!(event, RedisClientEvent, |other| {
-                RedisClientEvent::Session(RedisEvent::Follower(other))
-            }),
-            other => RedisClientEvent::Session(other),
-        }
-    }
-}
-
-impl RedisClientEvent {
-    /// The follower's event this is, if it is one (rows, positions,
-    /// resets, and the follower's other events inside
-    /// [`Session`](Self::Session)); the event itself otherwise. For code
-    /// that handles [`FollowerEvent`]s whatever the transport.
-    pub fn into_follower_event(self) -> Result<FollowerEvent, RedisClientEvent> {
-        into_follower!(self, RedisClientEvent, RedisEvent)
-    }
-}
-
-impl fmt::Display for RedisClientEvent {
-    /// One line (rows are counted, not printed; no secret is shown).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(done) = fmt_follower!(f, self, RedisClientEvent) {
-            return done;
-        }
-        match self {
-            RedisClientEvent::Ready => f.write_str("ready"),
-            RedisClientEvent::Command(command) => write!(f, "command {command:?}"),
-            RedisClientEvent::Connected { link } => write!(f, "connected {link}"),
-            RedisClientEvent::ConnectFailed {
-                link,
-                error,
-                retry_in,
-            } => write!(
-                f,
-                "connecting {link} failed: {error}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            RedisClientEvent::Disconnected {
-                link,
-                reason,
-                retry_in,
-            } => write!(
-                f,
-                "disconnected {link}: {reason}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            RedisClientEvent::Session(event) => write!(f, "{event}"),
-            RedisClientEvent::CatchUpFailed {
-                request,
-                error,
-                retry_in,
-                failures,
-                ..
-            } => write!(
-                f,
-                "{request} failed ({failures} in a row): {error}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            RedisClientEvent::CatchUpStuck(stuck) => write!(f, "{stuck}"),
-            RedisClientEvent::Sentinel(event) => write!(f, "{event}"),
-            RedisClientEvent::SendFailed { command, error } => {
-                write!(f, "sending {command} failed: {error}")
-            }
-            // The follower's, formatted above.
-            _ => Ok(()),
         }
     }
 }

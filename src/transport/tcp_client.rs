@@ -9,19 +9,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::positions::{
-    CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Rows,
-    SeedError,
-};
+use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError};
 use crate::session::{ClientEvent, ClientSession, ConnectionState, SendError};
-use crate::wire::{Command, CommandKind, InstanceName, StreamName, Token};
-use bytestring::ByteString;
+use crate::wire::{Command, InstanceName, StreamName, Token};
 
 use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::command_queue::{CommandQueue, CommandSender};
+use super::events::TcpClientEvent;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::socket::{BUDGET, Disconnect, Link, Timer};
-use super::{Backoff, BoxError, CatchUpSource};
+use super::{Backoff, CatchUpSource};
 
 /// Options of a [`TcpClient`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,192 +58,6 @@ impl Default for TcpClientConfig {
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 64 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
-        }
-    }
-}
-
-/// What a [`TcpClient`] tells the application.
-///
-/// The common events are one level deep, as for
-/// [`RedisClientEvent`](super::RedisClientEvent): [`Ready`](Self::Ready),
-/// [`Rows`](Self::Rows), [`Position`](Self::Position), the server's
-/// [`Command`](Self::Command)s, and the connection's and catch-ups' ups
-/// and downs; what else the session reports comes as
-/// [`Session`](Self::Session).
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum TcpClientEvent {
-    /// The server greeted with the expected `SERVER` name: the handshake
-    /// is complete.
-    Ready {
-        /// The server name.
-        server_name: ByteString,
-    },
-    /// Rows of one token of `stream`, written by `writer`, to apply
-    /// together (see [`FollowerEvent::Rows`]).
-    Rows {
-        /// The stream.
-        stream: StreamName,
-        /// The writer that wrote them.
-        writer: InstanceName,
-        /// Their token: the writer's position once they are applied.
-        token: Token,
-        /// The rows, in the order written.
-        rows: Rows,
-        /// Whether they came live or from a catch-up.
-        source: RowSource,
-    },
-    /// A writer's position moved without rows (see
-    /// [`FollowerEvent::Position`]).
-    Position {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// The new position.
-        token: Token,
-    },
-    /// The follower began following a writer it had no position for;
-    /// rows before `token` were not fetched (see
-    /// [`FollowerEvent::Started`]).
-    Started {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// Where following starts.
-        token: Token,
-    },
-    /// A writer's stream went backwards: it restarted (see
-    /// [`FollowerEvent::Reset`]).
-    Reset {
-        /// The stream.
-        stream: StreamName,
-        /// The writer.
-        writer: InstanceName,
-        /// The position before the reset.
-        previous: Token,
-        /// The writer's announced position.
-        new: Token,
-    },
-    /// A command for the application: `REMOTE_SERVER_UP` or
-    /// `LOCK_RELEASED`.
-    Command(Command),
-    /// The TCP connection is up; `NAME`, `PING` and `REPLICATE` are on
-    /// their way. Send what the server must hear on every connection now
-    /// (Synapse's workers send a `USER_SYNC` per syncing user).
-    Connected,
-    /// Connecting failed; the next attempt is in `retry_in`.
-    ConnectFailed {
-        /// Why.
-        error: io::Error,
-        /// The delay before the next attempt.
-        retry_in: Duration,
-    },
-    /// The connection ended; the next attempt is in `retry_in`. The
-    /// follower dropped what belonged to the connection (open batches,
-    /// commands held behind catch-ups); on the next connection the
-    /// server's `POSITION`s show what was missed, and catch-ups fetch it.
-    Disconnected {
-        /// Why.
-        reason: Disconnect,
-        /// The delay before reconnecting.
-        retry_in: Duration,
-    },
-    /// What else the session reports: the server's `ERROR`s, the
-    /// follower's other events (catch-ups it asked for, rejected writers),
-    /// commands received with `report_received`, and why it closes.
-    Session(ClientEvent),
-    /// The [`CatchUpSource`] failed; the catch-up is asked again (with a
-    /// new id) after `retry_in`. Only this writer's rows of the stream wait
-    /// for it. Each writer's retries back off on their own.
-    CatchUpFailed {
-        /// The request that failed.
-        request: CatchUpRequest,
-        /// Why.
-        error: BoxError,
-        /// The delay before asking again.
-        retry_in: Duration,
-        /// Failures in a row of this writer's catch-up, this one included
-        /// (since when: `stuck_catch_ups`, once it is stuck).
-        failures: u32,
-    },
-    /// A catch-up failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times in a row (reported
-    /// once per run of failures; it is still retried). Until it succeeds it
-    /// is listed by `stuck_catch_ups`.
-    CatchUpStuck(StuckCatchUp),
-    /// A command given to a [`CommandSender`] could not be sent (not
-    /// connected, or refused); it was dropped.
-    SendFailed {
-        /// The command.
-        command: CommandKind,
-        /// Why.
-        error: SendError,
-    },
-}
-
-impl From<ClientEvent> for TcpClientEvent {
-    /// Brings the common session events up one level.
-    fn from(event: ClientEvent) -> TcpClientEvent {
-        match event {
-            ClientEvent::Ready { server_name } => TcpClientEvent::Ready { server_name },
-            ClientEvent::Command(command) => TcpClientEvent::Command(command),
-            ClientEvent::Follower(event) => from_follower!(event, TcpClientEvent, |other| {
-                TcpClientEvent::Session(ClientEvent::Follower(other))
-            }),
-            other => TcpClientEvent::Session(other),
-        }
-    }
-}
-
-impl TcpClientEvent {
-    /// The follower's event this is, if it is one (rows, positions,
-    /// resets, and the follower's other events inside
-    /// [`Session`](Self::Session)); the event itself otherwise. For code
-    /// that handles [`FollowerEvent`]s whatever the transport.
-    pub fn into_follower_event(self) -> Result<FollowerEvent, TcpClientEvent> {
-        into_follower!(self, TcpClientEvent, ClientEvent)
-    }
-}
-
-impl fmt::Display for TcpClientEvent {
-    /// One line (rows are counted, not printed; no secret is shown).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(done) = fmt_follower!(f, self, TcpClientEvent) {
-            return done;
-        }
-        match self {
-            TcpClientEvent::Ready { server_name } => write!(f, "ready {server_name}"),
-            TcpClientEvent::Command(command) => write!(f, "command {command:?}"),
-            TcpClientEvent::Connected => f.write_str("connected"),
-            TcpClientEvent::ConnectFailed { error, retry_in } => write!(
-                f,
-                "connecting failed: {error}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            TcpClientEvent::Disconnected { reason, retry_in } => write!(
-                f,
-                "disconnected: {reason}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            TcpClientEvent::Session(event) => write!(f, "{event}"),
-            TcpClientEvent::CatchUpFailed {
-                request,
-                error,
-                retry_in,
-                failures,
-                ..
-            } => write!(
-                f,
-                "{request} failed ({failures} in a row): {error}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-            TcpClientEvent::CatchUpStuck(stuck) => write!(f, "{stuck}"),
-            TcpClientEvent::SendFailed { command, error } => {
-                write!(f, "sending {command} failed: {error}")
-            }
-            // The follower's, formatted above.
-            _ => Ok(()),
         }
     }
 }
