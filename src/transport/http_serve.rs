@@ -91,7 +91,7 @@ impl Default for HttpServerConfig {
 /// system's CAs (OpenSSL's default trust store, `SSL_CERT_FILE`), for the
 /// entry's `host`. Synapse presents no client certificate: leave
 /// `client_ca_file` unset for it (it is for other clients, such as this
-/// crate's [`HttpCatchUp`](crate::transport::HttpCatchUp) with a
+/// crate's `HttpCatchUp` (feature `http-catch-up`) with a
 /// [`TlsConfig`](crate::transport::TlsConfig) certificate).
 ///
 /// ```
