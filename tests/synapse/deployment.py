@@ -71,8 +71,10 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -145,37 +147,70 @@ def query(database: str, sql: str) -> list:
 # ---------------------------------------------------------------------
 
 
-def start_redis_on(directory: Path, port: int, timeout: float = 10.0) -> subprocess.Popen:
-    log = open(directory / "redis.log", "ab")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(directory),
-            "--daemonize", "no",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
+def restartable_port() -> int:
+    """A free port below the kernel's ephemeral range. Redis is restarted
+    on the same port; an ephemeral port could meanwhile become the local
+    end of some process's outgoing connection (to PostgreSQL, say), and the
+    restart would fail with "address already in use"."""
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port == 6379:
+            continue
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            if rig.redis_command(port, "PING").startswith(b"+PONG"):
-                return proc
+            sock.bind(("127.0.0.1", port))
         except OSError:
-            pass
-        time.sleep(0.02)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+            continue
+        finally:
+            sock.close()
+        return port
+    raise SystemExit("deployment: no free port below the ephemeral range")
+
+
+def start_redis_on(directory: Path, port: int, timeout: float = 10.0) -> subprocess.Popen:
+    # Restarted on the same port, it may find the port briefly taken: a
+    # process reconnecting meanwhile can be given it as its own end (a TCP
+    # self-connection, on an ephemeral port). Such a socket goes away as
+    # soon as its owner sees nonsense, so try again until the deadline.
+    deadline = time.monotonic() + timeout
+    while True:
+        log = open(directory / "redis.log", "ab")
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port", str(port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(directory),
+                "--daemonize", "no",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if rig.redis_command(port, "PING").startswith(b"+PONG"):
+                    return proc
+            except OSError:
+                pass
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     raise SystemExit(f"deployment: redis-server did not start on {port}; see {directory / 'redis.log'}")
 
 
@@ -386,7 +421,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     try:
         create_database(database)
         phase("database")
-        redis, redis_port = rig.start_redis(directory)
+        redis_port = restartable_port()
+        redis = start_redis_on(directory, redis_port)
         state["pids"]["redis"] = redis.pid
         state["redis_port"] = redis_port
         save(directory, state)
