@@ -178,38 +178,10 @@ def start_redis_on(directory: Path, port: int, timeout: float = 10.0) -> subproc
     # self-connection, on an ephemeral port). Such a socket goes away as
     # soon as its owner sees nonsense, so try again until the deadline.
     deadline = time.monotonic() + timeout
-    while True:
-        log = open(directory / "redis.log", "ab")
-        proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port", str(port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(directory),
-                "--daemonize", "no",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if rig.redis_command(port, "PING").startswith(b"+PONG"):
-                    return proc
-            except OSError:
-                pass
-            time.sleep(0.02)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if time.monotonic() >= deadline:
-            break
+    while time.monotonic() < deadline:
+        proc = rig.spawn_redis(directory, port, deadline)
+        if proc is not None:
+            return proc
         time.sleep(0.1)
     raise SystemExit(f"deployment: redis-server did not start on {port}; see {directory / 'redis.log'}")
 

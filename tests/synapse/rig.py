@@ -112,39 +112,48 @@ def subscribers(port: int, channel: str) -> int:
     return 0
 
 
+def spawn_redis(directory: Path, port: int, deadline: float) -> subprocess.Popen | None:
+    """Start redis-server on `port` and wait until it answers PING.
+    Returns None if it exited (the port was taken) or missed the deadline."""
+    log = open(directory / "redis.log", "ab")
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(directory),
+            "--daemonize", "no",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        try:
+            if redis_command(port, "PING").startswith(b"+PONG"):
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    return None
+
+
 def start_redis(directory: Path) -> tuple[subprocess.Popen, int]:
     for _attempt in range(5):
         (port,) = free_ports(1)
-        log = open(directory / "redis.log", "ab")
-        proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port", str(port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(directory),
-                "--daemonize", "no",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break  # lost the port race: try another
-            try:
-                if redis_command(port, "PING").startswith(b"+PONG"):
-                    return proc, port
-            except OSError:
-                pass
-            time.sleep(0.02)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc = spawn_redis(directory, port, time.monotonic() + 10)
+        if proc is not None:
+            return proc, port
+        # lost the port race: try another
     raise SystemExit("rig: redis-server did not start; see " + str(directory / "redis.log"))
 
 
