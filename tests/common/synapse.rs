@@ -83,6 +83,57 @@ pub fn segment(text: &str) -> String {
 }
 
 static RIGS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `script start` in a new directory under the temp dir and returns
+/// the JSON line it printed last, and how long it took. On failure the
+/// script is asked to stop what it started (in case it was killed
+/// half-way) and the test panics with its output; the directory is kept.
+fn start_script(python: &Path, script: &Path, prefix: &str, args: &[&str]) -> (Value, Duration) {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        RIGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|error| panic!("creating {}: {error}", dir.display()));
+    let name = script.file_name().unwrap_or_default().to_string_lossy();
+    let started = Instant::now();
+    let output = Command::new(python)
+        .arg(script)
+        .args(["start", "--dir"])
+        .arg(&dir)
+        .args(["--owner-pid", &std::process::id().to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|error| panic!("running {}: {error}", python.display()));
+    let startup = started.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        let _ = Command::new(python)
+            .arg(script)
+            .args(["stop", "--dir"])
+            .arg(&dir)
+            .output();
+        panic!(
+            "{name} start failed ({}); directory kept: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            output.status,
+            dir.display()
+        );
+    }
+    let info = stdout
+        .lines()
+        .last()
+        .and_then(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("{name} start printed no JSON line:\n{stdout}\n{stderr}"));
+    (info, startup)
+}
+
 static TXNS: AtomicU64 = AtomicU64::new(0);
 
 /// A running Synapse + Redis; stopped (and its directory removed) on drop.
@@ -126,48 +177,13 @@ impl SynapseRig {
     pub fn start_with(extra: &Value) -> SynapseRig {
         assert!(extra.is_object(), "extra config must be a JSON object");
         let python = synapse_python();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|elapsed| elapsed.subsec_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "synapse-rig-{}-{}-{nanos}",
-            std::process::id(),
-            RIGS.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|error| panic!("creating {}: {error}", dir.display()));
-        let started = Instant::now();
-        let output = Command::new(&python)
-            .arg(rig_script())
-            .args(["start", "--dir"])
-            .arg(&dir)
-            .args(["--owner-pid", &std::process::id().to_string()])
-            .args(["--config-json", &extra.to_string()])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|error| panic!("running {}: {error}", python.display()));
-        let startup = started.elapsed();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if !output.status.success() {
-            // The pids were recorded before anything could fail.
-            let _ = Command::new(&python)
-                .arg(rig_script())
-                .args(["stop", "--dir"])
-                .arg(&dir)
-                .output();
-            panic!(
-                "rig.py start failed ({}); rig directory kept: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-                output.status,
-                dir.display()
-            );
-        }
-        let info: Value = stdout
-            .lines()
-            .last()
-            .and_then(|line| serde_json::from_str(line).ok())
-            .unwrap_or_else(|| panic!("rig.py start printed no JSON line:\n{stdout}\n{stderr}"));
+        let extra = extra.to_string();
+        let (info, startup) = start_script(
+            &python,
+            &rig_script(),
+            "synapse-rig",
+            &["--config-json", &extra],
+        );
         let text = |key: &str| -> String {
             info[key]
                 .as_str()
@@ -673,51 +689,13 @@ impl SynapseDeployment {
     /// Starts main, `persisters` event persisters and a typing writer.
     pub fn start(persisters: usize) -> SynapseDeployment {
         let python = synapse_python();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|elapsed| elapsed.subsec_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "synapse-dep-{}-{}-{nanos}",
-            std::process::id(),
-            RIGS.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|error| panic!("creating {}: {error}", dir.display()));
-        let started = Instant::now();
-        let output = Command::new(&python)
-            .arg(deployment_script())
-            .args(["start", "--dir"])
-            .arg(&dir)
-            .args(["--owner-pid", &std::process::id().to_string()])
-            .args(["--persisters", &persisters.to_string()])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|error| panic!("running {}: {error}", python.display()));
-        let startup = started.elapsed();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if !output.status.success() {
-            // deployment.py stops what it started when it fails; again, in
-            // case it was killed half-way.
-            let _ = Command::new(&python)
-                .arg(deployment_script())
-                .args(["stop", "--dir"])
-                .arg(&dir)
-                .output();
-            panic!(
-                "deployment.py start failed ({}); directory kept: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-                output.status,
-                dir.display()
-            );
-        }
-        let info: Value = stdout
-            .lines()
-            .last()
-            .and_then(|line| serde_json::from_str(line).ok())
-            .unwrap_or_else(|| {
-                panic!("deployment.py start printed no JSON line:\n{stdout}\n{stderr}")
-            });
+        let persisters = persisters.to_string();
+        let (info, startup) = start_script(
+            &python,
+            &deployment_script(),
+            "synapse-dep",
+            &["--persisters", &persisters],
+        );
         let text = |value: &Value, key: &str| -> String {
             value[key]
                 .as_str()
