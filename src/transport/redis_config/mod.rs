@@ -295,8 +295,10 @@ pub(super) mod test_files {
 
 #[cfg(test)]
 pub(super) mod tests {
+    #[cfg(feature = "tls")]
     use std::path::Path;
 
+    #[cfg(feature = "tls")]
     use super::test_files::TempFile;
     use super::*;
 
