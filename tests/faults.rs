@@ -21,7 +21,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::faults::{RawRedis, Rng, Warnings};
-use common::nodes::{Logs, Node, PREFIX, Rt, poll_nodes, row, run_for, run_until};
+use common::nodes::{Logs, Node, PREFIX, Process, Rt, poll_nodes, row, run_for, run_until};
 use common::redis_server::RedisServer;
 use synapse_replication::resp::Frame;
 use synapse_replication::session::{RedisError, RedisLink, RedisSession};

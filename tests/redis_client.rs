@@ -14,14 +14,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::poll_fn;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::nodes::{Process, run_for, run_until};
 use common::redis_server::RedisServer;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
@@ -168,6 +167,16 @@ impl Node {
         }
     }
 
+    fn held(&self, stream: &StreamName) -> Vec<(Token, RawRow)> {
+        self.rows.get(stream).cloned().unwrap_or_default()
+    }
+}
+
+impl Process for Node {
+    fn client(&mut self) -> &mut RedisClient<Rt> {
+        &mut self.client
+    }
+
     fn record(&mut self, event: RedisClientEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
             eprintln!("{}: {event:?}", self.name);
@@ -213,76 +222,23 @@ impl Node {
         }
     }
 
-    fn held(&self, stream: &StreamName) -> Vec<(Token, RawRow)> {
-        self.rows.get(stream).cloned().unwrap_or_default()
-    }
-}
-
-/// Polls every node of `nodes` until `done` holds; panics after PATIENCE.
-async fn run_until(
-    runtime: &Rt,
-    nodes: &mut [&mut Node],
-    what: &str,
-    mut done: impl FnMut(&[&mut Node]) -> bool,
-) {
-    let mut give_up = runtime.sleep_until(runtime.now() + PATIENCE);
-    poll_fn(|cx| {
-        loop {
-            let mut progress = false;
-            for node in nodes.iter_mut() {
-                while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
-                    node.record(event);
-                    progress = true;
-                }
-            }
-            if done(nodes) {
-                return Poll::Ready(());
-            }
-            if !progress {
-                break;
-            }
-        }
-        if give_up.as_mut().poll(cx).is_ready() {
-            let state: Vec<String> = nodes
+    fn summary(&self) -> String {
+        let session = self.client.session();
+        format!(
+            "{}: ready {} disconnects {:?} closing {:?} rows {:?}\n{:?}\n{:?}\n{:?}",
+            self.name,
+            self.ready,
+            self.disconnects,
+            self.closing,
+            self.rows
                 .iter()
-                .map(|node| {
-                    let session = node.client.session();
-                    format!(
-                        "{}: ready {} disconnects {:?} closing {:?} rows {:?}\n{:?}\n{:?}\n{:?}",
-                        node.name,
-                        node.ready,
-                        node.disconnects,
-                        node.closing,
-                        node.rows
-                            .iter()
-                            .map(|(s, r)| (s, r.len()))
-                            .collect::<Vec<_>>(),
-                        session.counters(),
-                        session.writer().counters(),
-                        session.follower().counters(),
-                    )
-                })
-                .collect();
-            panic!("timed out waiting for {what}; {state:#?}");
-        }
-        Poll::Pending
-    })
-    .await;
-}
-
-/// Polls the nodes for `duration` (to let traffic flow with no condition).
-async fn run_for(runtime: &Rt, nodes: &mut [&mut Node], duration: Duration) {
-    let deadline = runtime.now() + duration;
-    let mut sleep = runtime.sleep_until(deadline);
-    poll_fn(|cx| {
-        for node in nodes.iter_mut() {
-            while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
-                node.record(event);
-            }
-        }
-        sleep.as_mut().poll(cx)
-    })
-    .await;
+                .map(|(s, r)| (s, r.len()))
+                .collect::<Vec<_>>(),
+            session.counters(),
+            session.writer().counters(),
+            session.follower().counters(),
+        )
+    }
 }
 
 /// A row with `pad` more bytes in its state key.
@@ -376,6 +332,7 @@ async fn pair_with(
         runtime,
         &mut [&mut master, &mut worker],
         "both ready",
+        PATIENCE,
         |nodes| nodes.iter().all(|node| node.ready > 0),
     )
     .await;
@@ -384,6 +341,7 @@ async fn pair_with(
         runtime,
         &mut [&mut master, &mut worker],
         "the writer followed live",
+        PATIENCE,
         |nodes| {
             nodes[1]
                 .client
@@ -408,6 +366,7 @@ fn follower_receives_everything_in_order_with_batches_intact() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "all rows",
+                PATIENCE,
                 |nodes| caught_up(nodes[1], &log),
             )
             .await;
@@ -569,6 +528,7 @@ async fn restart_scenario(runtime: Rt, kill: bool) {
         &runtime,
         &mut [&mut master, &mut worker],
         "first rows",
+        PATIENCE,
         |nodes| caught_up(nodes[1], &log),
     )
     .await;
@@ -594,6 +554,7 @@ async fn restart_scenario(runtime: Rt, kill: bool) {
         &runtime,
         &mut [&mut master, &mut worker],
         "ready again",
+        PATIENCE,
         |nodes| nodes[0].ready > ready_before.0 && nodes[1].ready > ready_before.1,
     )
     .await;
@@ -602,6 +563,7 @@ async fn restart_scenario(runtime: Rt, kill: bool) {
         &runtime,
         &mut [&mut master, &mut worker],
         "caught up",
+        PATIENCE,
         |nodes| caught_up(nodes[1], &log),
     )
     .await;
@@ -663,6 +625,7 @@ fn paused_redis_is_noticed_and_reconnected() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "ready",
+                PATIENCE,
                 |nodes| nodes.iter().all(|node| node.ready > 0),
             )
             .await;
@@ -672,6 +635,7 @@ fn paused_redis_is_noticed_and_reconnected() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "timeouts",
+                PATIENCE,
                 |nodes| {
                     nodes.iter().all(|node| {
                         node.closing
@@ -688,6 +652,7 @@ fn paused_redis_is_noticed_and_reconnected() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "ready again",
+                PATIENCE,
                 |nodes| nodes[0].ready > before.0 && nodes[1].ready > before.1,
             )
             .await;
@@ -696,6 +661,7 @@ fn paused_redis_is_noticed_and_reconnected() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "caught up",
+                PATIENCE,
                 |nodes| caught_up(nodes[1], &log),
             )
             .await;
@@ -719,6 +685,7 @@ fn killed_connections_are_each_noticed_and_restored() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "ready again",
+                PATIENCE,
                 |nodes| nodes.iter().all(|node| node.ready > 1),
             )
             .await;
@@ -734,9 +701,13 @@ fn killed_connections_are_each_noticed_and_restored() {
                 );
             }
             write_rows(&mut master, &log, 1, 30);
-            run_until(&runtime, &mut [&mut master, &mut worker], "rows", |nodes| {
-                caught_up(nodes[1], &log)
-            })
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "rows",
+                PATIENCE,
+                |nodes| caught_up(nodes[1], &log),
+            )
             .await;
 
             // Then the publishers (every normal client but this one).
@@ -746,6 +717,7 @@ fn killed_connections_are_each_noticed_and_restored() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "ready again",
+                PATIENCE,
                 |nodes| nodes.iter().all(|node| node.ready > 2),
             )
             .await;
@@ -758,9 +730,13 @@ fn killed_connections_are_each_noticed_and_restored() {
                 );
             }
             write_rows(&mut master, &log, 31, 60);
-            run_until(&runtime, &mut [&mut master, &mut worker], "rows", |nodes| {
-                caught_up(nodes[1], &log)
-            })
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "rows",
+                PATIENCE,
+                |nodes| caught_up(nodes[1], &log),
+            )
             .await;
             assert_holds_log(&worker, &log);
         })
@@ -796,6 +772,7 @@ fn slow_consumer_cut_by_redis_recovers_by_catch_up() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "caught up",
+                PATIENCE,
                 |nodes| caught_up(nodes[1], &log),
             )
             .await;
@@ -854,9 +831,13 @@ fn a_catch_up_that_fails_twice_is_retried_and_loses_nothing() {
                 .session_mut()
                 .advance(&StreamName::Events, Token(0))
                 .expect("master writes events");
-            run_until(&runtime, &mut [&mut master], "master ready", |n| {
-                n[0].ready > 0
-            })
+            run_until(
+                &runtime,
+                &mut [&mut master],
+                "master ready",
+                PATIENCE,
+                |n| n[0].ready > 0,
+            )
             .await;
             // Written before the worker is there: it must catch up (0, 120].
             write_rows(&mut master, &log, 1, 120);
@@ -880,6 +861,7 @@ fn a_catch_up_that_fails_twice_is_retried_and_loses_nothing() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "caught up",
+                PATIENCE,
                 |nodes| caught_up(nodes[1], &log),
             )
             .await;
@@ -920,6 +902,7 @@ fn a_stuck_catch_up_is_reported_and_holds_back_no_other_writer() {
                 &runtime,
                 &mut [&mut master, &mut writer2],
                 "writers ready",
+                PATIENCE,
                 |n| n.iter().all(|node| node.ready > 0),
             )
             .await;
@@ -961,6 +944,7 @@ fn a_stuck_catch_up_is_reported_and_holds_back_no_other_writer() {
                 &runtime,
                 &mut [&mut master, &mut writer2, &mut worker],
                 "worker2 followed live",
+                PATIENCE,
                 |nodes| {
                     nodes[2]
                         .client
@@ -995,6 +979,7 @@ fn a_stuck_catch_up_is_reported_and_holds_back_no_other_writer() {
                 &runtime,
                 &mut [&mut master, &mut writer2, &mut worker],
                 "worker2's rows, and master's catch-up stuck",
+                PATIENCE,
                 |nodes| {
                     nodes[2].held(&StreamName::Caches) == *writer2_log.lock().expect("log")
                         && !nodes[2].stuck.is_empty()
@@ -1039,7 +1024,7 @@ fn passwords_and_acl_users() {
             for creds in [":s3cret", "replicator:pw1"] {
                 let config = RedisConfig::from_url(&url(creds)).expect("a URL");
                 let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
-                run_until(&runtime, &mut [&mut node], "ready", |nodes| {
+                run_until(&runtime, &mut [&mut node], "ready", PATIENCE, |nodes| {
                     nodes[0].ready > 0
                 })
                 .await;
@@ -1049,14 +1034,20 @@ fn passwords_and_acl_users() {
             // Wrong credentials: a clear error, and retries.
             let config = RedisConfig::from_url(&url("replicator:wrong")).expect("a URL");
             let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
-            run_until(&runtime, &mut [&mut node], "two refusals", |nodes| {
-                nodes[0]
-                    .closing
-                    .iter()
-                    .filter(|error| matches!(error, RedisError::Auth(_)))
-                    .count()
-                    >= 3
-            })
+            run_until(
+                &runtime,
+                &mut [&mut node],
+                "two refusals",
+                PATIENCE,
+                |nodes| {
+                    nodes[0]
+                        .closing
+                        .iter()
+                        .filter(|error| matches!(error, RedisError::Auth(_)))
+                        .count()
+                        >= 3
+                },
+            )
             .await;
             assert_eq!(node.ready, 0);
             let message = node.closing[0].to_string();
@@ -1069,7 +1060,7 @@ fn passwords_and_acl_users() {
             // A user that may not publish: typed NOPERM.
             let config = RedisConfig::from_url(&url("reader:pw2")).expect("a URL");
             let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
-            run_until(&runtime, &mut [&mut node], "NOPERM", |nodes| {
+            run_until(&runtime, &mut [&mut node], "NOPERM", PATIENCE, |nodes| {
                 !nodes[0].publish_failures.is_empty()
             })
             .await;
@@ -1095,6 +1086,7 @@ fn commands_are_published_on_their_channels() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "ready",
+                PATIENCE,
                 |nodes| nodes.iter().all(|node| node.ready > 0),
             )
             .await;
@@ -1114,6 +1106,7 @@ fn commands_are_published_on_their_channels() {
                 &runtime,
                 &mut [&mut master, &mut worker],
                 "commands",
+                PATIENCE,
                 |nodes| nodes[0].commands.len() >= 2,
             )
             .await;
@@ -1142,7 +1135,7 @@ fn disconnect_reasons_are_reported() {
         };
         let config = RedisConfig::tcp("127.0.0.1", port);
         let mut node = Node::new("worker1", runtime.clone(), config, None, |_| {});
-        run_until(&runtime, &mut [&mut node], "failures", |nodes| {
+        run_until(&runtime, &mut [&mut node], "failures", PATIENCE, |nodes| {
             nodes[0].retry_delays.len() >= 6
         })
         .await;
@@ -1184,6 +1177,7 @@ async fn rows_flow(
         runtime,
         &mut [&mut master, &mut worker],
         "both ready",
+        PATIENCE,
         |nodes| nodes.iter().all(|node| node.ready > 0),
     )
     .await;
@@ -1192,6 +1186,7 @@ async fn rows_flow(
         runtime,
         &mut [&mut master, &mut worker],
         "all rows",
+        PATIENCE,
         |nodes| caught_up(nodes[1], &log),
     )
     .await;

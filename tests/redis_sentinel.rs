@@ -15,15 +15,14 @@
 
 mod common;
 
-use std::future::poll_fn;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use common::nodes::{Process, run_until};
 use common::redis_server::{RedisServer, TempDir};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, RowSource, Writer};
 use synapse_replication::resp::{Frame, RespDecoder, encode_command};
@@ -333,6 +332,12 @@ impl Node {
             discovery_failures: Vec::new(),
         }
     }
+}
+
+impl Process for Node {
+    fn client(&mut self) -> &mut RedisClient<Rt> {
+        &mut self.client
+    }
 
     fn record(&mut self, event: RedisClientEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
@@ -377,56 +382,22 @@ impl Node {
             _ => {}
         }
     }
-}
 
-/// Polls every node until `done` holds; panics after PATIENCE.
-async fn run_until(
-    runtime: &Rt,
-    nodes: &mut [&mut Node],
-    what: &str,
-    mut done: impl FnMut(&[&mut Node]) -> bool,
-) {
-    let mut give_up = runtime.sleep_until(runtime.now() + PATIENCE);
-    poll_fn(|cx| {
-        loop {
-            let mut progress = false;
-            for node in nodes.iter_mut() {
-                while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
-                    node.record(event);
-                    progress = true;
-                }
-            }
-            if done(nodes) {
-                return Poll::Ready(());
-            }
-            if !progress {
-                break;
-            }
-        }
-        if give_up.as_mut().poll(cx).is_ready() {
-            let state: Vec<String> = nodes
+    fn summary(&self) -> String {
+        format!(
+            "{}: ready {} rows {} found {:?} switches {:?} failures {:?}",
+            self.name,
+            self.ready.len(),
+            self.rows.len(),
+            self.found,
+            self.switches,
+            self.connect_failures
                 .iter()
-                .map(|node| {
-                    format!(
-                        "{}: ready {} rows {} found {:?} switches {:?} failures {:?}",
-                        node.name,
-                        node.ready.len(),
-                        node.rows.len(),
-                        node.found,
-                        node.switches,
-                        node.connect_failures
-                            .iter()
-                            .rev()
-                            .take(3)
-                            .collect::<Vec<_>>()
-                    )
-                })
-                .collect();
-            panic!("timed out waiting for {what}; {state:#?}");
-        }
-        Poll::Pending
-    })
-    .await;
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+        )
+    }
 }
 
 fn row(n: i64, part: usize) -> RawRow {
@@ -477,6 +448,7 @@ fn failover_scenario(failover: Failover) {
             &runtime,
             &mut [&mut writer, &mut follower],
             "both ready and watching",
+            PATIENCE,
             |nodes| {
                 nodes
                     .iter()
@@ -488,6 +460,7 @@ fn failover_scenario(failover: Failover) {
             &runtime,
             &mut [&mut writer, &mut follower],
             "the writer followed live",
+            PATIENCE,
             |nodes| {
                 nodes[1]
                     .client
@@ -511,6 +484,7 @@ fn failover_scenario(failover: Failover) {
             &runtime,
             &mut [&mut writer, &mut follower],
             "the first rows",
+            PATIENCE,
             |nodes| caught_up(nodes[1], &log),
         )
         .await;
@@ -546,6 +520,7 @@ fn failover_scenario(failover: Failover) {
             &runtime,
             &mut [&mut writer, &mut follower],
             "the switch, and both ready on the new master",
+            PATIENCE,
             |nodes| {
                 nodes.iter().all(|node| {
                     node.switches.iter().any(|(_, to)| to.port == replica)
@@ -582,6 +557,7 @@ fn failover_scenario(failover: Failover) {
             &runtime,
             &mut [&mut writer, &mut follower],
             "every row",
+            PATIENCE,
             |nodes| caught_up(nodes[1], &log),
         )
         .await;
@@ -637,9 +613,13 @@ fn every_sentinel_down_at_start_is_reported_and_retried() {
     let config = RedisConfig::sentinel(SERVICE, ports.iter().map(|port| ("127.0.0.1", *port)));
     smol::block_on(async {
         let mut node = Node::new("master", runtime.clone(), config, None);
-        run_until(&runtime, &mut [&mut node], "two failed rounds", |nodes| {
-            nodes[0].discovery_failures.len() >= 2
-        })
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "two failed rounds",
+            PATIENCE,
+            |nodes| nodes[0].discovery_failures.len() >= 2,
+        )
         .await;
         let error = &node.discovery_failures[0];
         assert_eq!(error.failures.len(), 3, "{error}");
@@ -658,7 +638,7 @@ fn every_sentinel_down_at_start_is_reported_and_retried() {
         assert!(node.ready.is_empty());
         // The sentinels come up: the client finds the master.
         let cluster = Cluster::start_on(ports);
-        run_until(&runtime, &mut [&mut node], "ready", |nodes| {
+        run_until(&runtime, &mut [&mut node], "ready", PATIENCE, |nodes| {
             !nodes[0].ready.is_empty()
         })
         .await;
@@ -680,9 +660,13 @@ fn a_master_name_no_sentinel_knows_is_reported_and_retried() {
             cluster.config("othermaster"),
             None,
         );
-        run_until(&runtime, &mut [&mut node], "two failed rounds", |nodes| {
-            nodes[0].discovery_failures.len() >= 2
-        })
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "two failed rounds",
+            PATIENCE,
+            |nodes| nodes[0].discovery_failures.len() >= 2,
+        )
         .await;
         for error in &node.discovery_failures {
             assert_eq!(error.failures.len(), 3, "{error}");
@@ -736,7 +720,7 @@ fn a_sentinel_that_names_a_replica_is_caught_by_the_role_check() {
     );
     smol::block_on(async {
         let mut node = Node::new("master", runtime.clone(), config, None);
-        run_until(&runtime, &mut [&mut node], "ready", |nodes| {
+        run_until(&runtime, &mut [&mut node], "ready", PATIENCE, |nodes| {
             !nodes[0].ready.is_empty()
         })
         .await;

@@ -1,8 +1,10 @@
-//! Processes of a deployment as `RedisClient`s against a real redis-server,
-//! for the fault tests (`tests/faults.rs`, `tests/soak.rs`): the harness of
-//! `tests/redis_client.rs` (one task polls every client until a condition
-//! holds), with writers' logs that are checked as rows arrive and trimmed
-//! once delivered, so that a long run holds no more than what is in flight.
+//! Processes of a deployment as `RedisClient`s against a real redis-server.
+//! [`run_until`] and [`run_for`] poll every client from one task (until a
+//! condition holds, or for a while) for any [`Process`]: the Redis client,
+//! Sentinel and fault tests each keep their own. [`Node`] is the fault
+//! tests' (`tests/faults.rs`, `tests/soak.rs`), with writers' logs that are
+//! checked as rows arrive and trimmed once delivered, so that a long run
+//! holds no more than what is in flight.
 //!
 //! Each writer's rows go to its [`Logs`] as it writes them; a follower's
 //! catch-ups are served from them ([`LogSource`]); every row a follower
@@ -290,8 +292,25 @@ impl Node {
             .unwrap_or_else(|error| panic!("{} writes {stream}: {error}", self.name));
     }
 
-    /// Handles one event of the client.
-    pub fn record(&mut self, event: RedisClientEvent) {
+    /// Rows of `stream` from `writer` received so far.
+    pub fn received(&self, stream: &StreamName, writer: &InstanceName) -> u64 {
+        self.cursors
+            .get(&(stream.clone(), writer.clone()))
+            .map_or(0, |cursor| cursor.next)
+    }
+
+    /// Whether this node received every row `writer` wrote to `stream`.
+    pub fn caught_up(&self, stream: &StreamName, writer: &InstanceName) -> bool {
+        self.received(stream, writer) == self.logs.written(stream, writer)
+    }
+}
+
+impl Process for Node {
+    fn client(&mut self) -> &mut RedisClient<Rt> {
+        &mut self.client
+    }
+
+    fn record(&mut self, event: RedisClientEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
             eprintln!("{}: {event}", self.name);
         }
@@ -339,20 +358,7 @@ impl Node {
         }
     }
 
-    /// Rows of `stream` from `writer` received so far.
-    pub fn received(&self, stream: &StreamName, writer: &InstanceName) -> u64 {
-        self.cursors
-            .get(&(stream.clone(), writer.clone()))
-            .map_or(0, |cursor| cursor.next)
-    }
-
-    /// Whether this node received every row `writer` wrote to `stream`.
-    pub fn caught_up(&self, stream: &StreamName, writer: &InstanceName) -> bool {
-        self.received(stream, writer) == self.logs.written(stream, writer)
-    }
-
-    /// A line on what the node saw, for failure messages.
-    pub fn summary(&self) -> String {
+    fn summary(&self) -> String {
         let session = self.client.session();
         format!(
             "{}: ready {} rows {} cursors {:?} disconnects {:?} closing {:?} \
@@ -371,12 +377,24 @@ impl Node {
     }
 }
 
+/// A process of a test: its client, what it keeps of the client's events,
+/// and a summary to print when a test times out. [`run_until`],
+/// [`run_for`] and [`poll_nodes`] drive any set of them.
+pub trait Process {
+    /// Its client.
+    fn client(&mut self) -> &mut RedisClient<Rt>;
+    /// Handles one event of the client.
+    fn record(&mut self, event: RedisClientEvent);
+    /// What it has seen, for a timeout's panic message.
+    fn summary(&self) -> String;
+}
+
 /// Polls every node once, recording what they report; whether anything
 /// came.
-pub fn poll_nodes(nodes: &mut [&mut Node], cx: &mut std::task::Context<'_>) -> bool {
+pub fn poll_nodes<P: Process>(nodes: &mut [&mut P], cx: &mut std::task::Context<'_>) -> bool {
     let mut progress = false;
     for node in nodes.iter_mut() {
-        while let Poll::Ready(Some(event)) = node.client.poll_next_event(cx) {
+        while let Poll::Ready(Some(event)) = node.client().poll_next_event(cx) {
             node.record(event);
             progress = true;
         }
@@ -386,12 +404,12 @@ pub fn poll_nodes(nodes: &mut [&mut Node], cx: &mut std::task::Context<'_>) -> b
 
 /// Polls every node of `nodes` until `done` holds; panics after `patience`
 /// (a deadline that only stops a test that would hang).
-pub async fn run_until(
+pub async fn run_until<P: Process>(
     runtime: &Rt,
-    nodes: &mut [&mut Node],
+    nodes: &mut [&mut P],
     what: &str,
     patience: Duration,
-    mut done: impl FnMut(&[&mut Node]) -> bool,
+    mut done: impl FnMut(&[&mut P]) -> bool,
 ) {
     let mut give_up = runtime.sleep_until(runtime.now() + patience);
     poll_fn(|cx| {
@@ -414,7 +432,7 @@ pub async fn run_until(
 }
 
 /// Polls the nodes for `duration` (traffic flows, no condition).
-pub async fn run_for(runtime: &Rt, nodes: &mut [&mut Node], duration: Duration) {
+pub async fn run_for<P: Process>(runtime: &Rt, nodes: &mut [&mut P], duration: Duration) {
     let mut sleep = runtime.sleep_until(runtime.now() + duration);
     poll_fn(|cx| {
         poll_nodes(nodes, cx);
