@@ -56,6 +56,19 @@ pub trait WriterRegistry: Send + Sync {
     /// The processes that write `stream`.
     fn writers(&self, stream: &StreamName) -> Writers<'_>;
 
+    /// Whether the configuration names `instance` as a writer of
+    /// `stream`, rather than only letting it write (as any process may
+    /// write `caches` over Redis). A [`Follower`](crate::positions::Follower)
+    /// always tracks configured writers; the others share
+    /// [`FollowerLimits::max_tracked_pairs`](crate::positions::FollowerLimits::max_tracked_pairs),
+    /// the idlest making room. The default: a stream of
+    /// [`StreamName::KNOWN`] whose writers are listed, and `instance` among
+    /// them.
+    fn is_configured(&self, stream: &StreamName, instance: &InstanceName) -> bool {
+        !matches!(stream, StreamName::Other(_))
+            && matches!(self.writers(stream), Writers::Only(list) if list.contains(instance))
+    }
+
     /// The known streams (those of [`StreamName::KNOWN`]) that `instance`
     /// writes, in the order of `StreamName::KNOWN`.
     ///
@@ -318,6 +331,21 @@ impl WriterRegistry for StreamWriters {
 
     fn writers(&self, stream: &StreamName) -> Writers<'_> {
         self.list(stream)
+    }
+
+    /// As the default, and for `caches` over Redis (which any process may
+    /// write): the processes the configuration names, in `instance_map`
+    /// or `stream_writers`, and `master`.
+    fn is_configured(&self, stream: &StreamName, instance: &InstanceName) -> bool {
+        match self.list(stream) {
+            _ if matches!(stream, StreamName::Other(_)) => false,
+            Writers::Only(list) => list.contains(instance),
+            Writers::Any => {
+                instance.is_master()
+                    || self.instance_map.contains_key(instance)
+                    || self.keys.iter().any(|list| list.contains(instance))
+            }
+        }
     }
 
     fn streams_written_by(&self, instance: &InstanceName) -> Vec<StreamName> {

@@ -1,8 +1,8 @@
 //! Faults against a real redis-server, on smol and on tokio: a Redis that
 //! comes up after its clients, a password changed under connected clients
-//! and restored, another process publishing under our instance name, a
-//! flood of malformed messages, and `next_event` futures dropped at every
-//! await point.
+//! and restored, another process publishing under our instance name,
+//! lines forged in a writer's name, a flood of malformed messages, and
+//! `next_event` futures dropped at every await point.
 //!
 //! Each test starts its own redis-server (`common::redis_server`) and polls
 //! every client in the test's one task (`common::nodes`). Nothing here
@@ -453,6 +453,64 @@ fn another_process_publishing_under_our_name_is_counted_and_warned_about() {
             assert!(warned[0].contains("instance=worker1"), "{warned:?}");
             assert!(
                 counters.suppressed_warnings >= 40 - warned.len() as u64,
+                "{counters:?}"
+            );
+        })
+    });
+}
+
+// --- forged lines in a writer's name --------------------------------------
+
+#[test]
+fn lines_forged_in_a_writers_name_hide_none_of_its_rows() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let logs = Logs::default();
+            let (mut writer, mut worker) =
+                master_and_worker(&runtime, &config, &logs, &fast_options());
+            both_ready_and_following(&runtime, &mut writer, &mut worker).await;
+            write_events(&mut writer, 1, 10);
+            caught_up(&runtime, &mut writer, &mut worker, "rows 1-10").await;
+
+            // Anyone who may publish on the Redis speaks as master: a
+            // POSITION that claims every token up to the top, an RDATA at
+            // the top, and a POSITION with a gap up to far ahead. Each
+            // would make Synapse's followers (and this one, before) drop
+            // every later row of master's as stale.
+            let forgeries = [
+                format!("POSITION events master 10 {}", i64::MAX),
+                format!(r#"RDATA events master {} ["forged"]"#, i64::MAX),
+                "POSITION events master 25 1000000".to_string(),
+            ];
+            let mut impostor = RawRedis::connect(server.port(), None);
+            let mut next = 11;
+            for forged in &forgeries {
+                impostor.queue_publish(PREFIX, forged.as_bytes());
+                impostor.flush();
+                let receivers = impostor.replies();
+                assert!(
+                    receivers.iter().all(|reply| reply.as_integer() == Some(2)),
+                    "both subscribers heard {forged}: {receivers:?}"
+                );
+                // master writes on; every row reaches worker1, once, in
+                // order (Logs checks each delivery).
+                write_events(&mut writer, next, next + 9);
+                next += 10;
+                caught_up(&runtime, &mut writer, &mut worker, forged).await;
+            }
+            let follower = worker.client.follower();
+            let last = Token(next as i64 - 1);
+            assert_eq!(
+                follower.resume_point(&StreamName::Events, &master()),
+                Some(last),
+                "what worker1 would persist is the last row it has"
+            );
+            assert!(worker.surprises.is_empty(), "{:?}", worker.surprises);
+            let counters = follower.counters();
+            assert!(
+                counters.claims_refuted >= 2 && counters.jumps_checked == 1,
                 "{counters:?}"
             );
         })

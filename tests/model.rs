@@ -13,17 +13,28 @@
 //! lost, and on reconnecting it publishes `REPLICATE`, its latest rows
 //! again, then its positions; nothing on the wire shows the gap.
 //!
+//! An adversary on the bus forges lines in a writer's name: `POSITION`s
+//! far ahead, or behind, or with a gap; `RDATA` far ahead, or just ahead
+//! (its rows marked, so the checks can tell them from the writer's). On
+//! the streams whose tokens only grow, which are the ones it forges on,
+//! a forged line may add rows but never hide, repeat or reorder one of the
+//! writer's.
+//!
 //! After every step, for every follower and every (stream, writer) it
 //! tracks: the rows delivered are exactly the writer's rows up to the
 //! follower's position for that writer, once each, in token order (so the
 //! follower never advanced past a row it did not deliver), and that
-//! position is not beyond the writer's. After healing the bus: every
-//! follower has every row, and its positions equal the writers'.
+//! position is not beyond the writer's. Where the adversary forged lines
+//! to a follower for a (stream, writer), what it delivered of the
+//! writer's rows is a prefix of the writer's log, once each, in order.
+//! After healing the bus: every follower has every row, and its positions
+//! equal the writers' (or, where forged rows ahead landed, are not
+//! below them).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 512); `MODEL_TRACE=1`
 //! prints every delivery and event.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,6 +116,16 @@ enum Op {
     Blip { p: usize },
     /// The clock moves.
     Tick { ms: u16 },
+    /// A line forged in the name of process `w` (its `s`-th stream, not
+    /// one whose tokens restart) reaches process `to` next: `kind` says
+    /// which (see [`World::forge`]), `amount` how far.
+    Forge {
+        to: usize,
+        w: usize,
+        s: usize,
+        kind: u8,
+        amount: u8,
+    },
     /// Process `p` answers one of its outstanding catch-ups with a page of
     /// at most `page` rows, or fails it.
     CatchUp {
@@ -128,6 +149,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => p.clone().prop_map(|p| Op::Reconnect { p }),
         1 => p.clone().prop_map(|p| Op::Blip { p }),
         1 => (0..3000u16).prop_map(|ms| Op::Tick { ms }),
+        1 => (p.clone(), p.clone(), 0..3usize, 0..5u8, 1..20u8)
+            .prop_map(|(to, w, s, kind, amount)| Op::Forge { to, w, s, kind, amount }),
         4 => (p, any::<u8>(), 0..6u8, prop::bool::weighted(0.15))
             .prop_map(|(p, which, page, fail)| Op::CatchUp { p, which, page, fail }),
     ]
@@ -158,6 +181,21 @@ struct World {
     bus: HashMap<(usize, usize), VecDeque<Command>>,
     /// Last token allocated per stream (shared) or per (stream, writer).
     sequences: HashMap<(StreamName, Option<usize>), i64>,
+    /// (follower, stream, writer) that forged lines reached.
+    forged: HashSet<(usize, StreamName, usize)>,
+    /// Tokens of forged rows, which no writer then uses: a forged row at
+    /// the token of a row the writer writes next, and loses in transit,
+    /// hides that row (see the follower's docs).
+    reserved: HashSet<(StreamName, Option<usize>, i64)>,
+    /// (sender, receiver) whose last delivered command was a `batch` row:
+    /// a forged numbered row then would close the writer's batch, whose
+    /// rows would come under its token (see the follower's docs).
+    open_batches: HashSet<(usize, usize)>,
+}
+
+/// Whether a row is the adversary's.
+fn is_forged(row: &RawRow) -> bool {
+    row.as_bytes().starts_with(b"[\"forged\"")
 }
 
 impl World {
@@ -205,6 +243,9 @@ impl World {
             processes,
             bus: HashMap::new(),
             sequences: HashMap::new(),
+            forged: HashSet::new(),
+            reserved: HashSet::new(),
+            open_batches: HashSet::new(),
         };
         // Everyone subscribes, then everyone asks and announces.
         for process in &mut world.processes {
@@ -376,8 +417,11 @@ impl World {
 
     fn next_token(&mut self, p: usize, stream: &StreamName) -> Token {
         let key = (stream.clone(), if shared(stream) { None } else { Some(p) });
-        let sequence = self.sequences.entry(key).or_insert(0);
+        let sequence = self.sequences.entry(key.clone()).or_insert(0);
         *sequence += 1;
+        while self.reserved.contains(&(key.0.clone(), key.1, *sequence)) {
+            *sequence += 1;
+        }
         Token(*sequence)
     }
 
@@ -434,6 +478,13 @@ impl World {
                     command.to_bytes().unwrap()
                 );
             }
+            if let Command::Rdata(rdata) = &command {
+                if rdata.token == RdataToken::Batch {
+                    self.open_batches.insert((from, to));
+                } else {
+                    self.open_batches.remove(&(from, to));
+                }
+            }
             let process = &mut self.processes[to];
             process.writer.handle_command(&command, now);
             process.follower.handle_command(command);
@@ -460,6 +511,73 @@ impl World {
         }
         self.processes[to].follower.handle_lost_rdata(&lost);
         self.settle(to)
+    }
+
+    /// Puts a forged line at the head of what `w` sends to `to`: a
+    /// `POSITION` that adopts a token far ahead (kind 0), one with a gap
+    /// up to a token ahead (1), one behind (4); an `RDATA` far ahead (2)
+    /// or `amount` tokens ahead of the writer (3).
+    fn forge(&mut self, to: usize, w: usize, s: usize, kind: u8, amount: u8) {
+        if to == w || !self.processes[to].up {
+            return;
+        }
+        if matches!(kind, 2 | 3) && self.open_batches.contains(&(w, to)) {
+            return;
+        }
+        let streams: Vec<StreamName> = streams_of(w)
+            .into_iter()
+            .filter(|s| *s != StreamName::Typing)
+            .collect();
+        let stream = streams[s % streams.len()].clone();
+        let instance = self.processes[w].name.clone();
+        let follower = &self.processes[to].follower;
+        if !matches!(kind, 2 | 3) && !follower.is_writer_connected(&stream, &instance) {
+            // A forged announcement that reaches a follower before the
+            // writer's own, after the follower reconnects, can hide rows
+            // the writer wrote while it was away (see the follower's docs).
+            return;
+        }
+        let here = follower.position(&stream, &instance).unwrap_or(Token(0));
+        let ahead = Token(self.processes[w].current[&stream].0 + i64::from(amount));
+        let position = |prev, new| {
+            Command::Position(synapse_replication::wire::Position {
+                stream: stream.clone(),
+                instance: instance.clone(),
+                prev_token: prev,
+                new_token: new,
+            })
+        };
+        let rdata = |token: Token| {
+            let row = format!("[\"forged\",{}]", token.0);
+            Command::Rdata(Rdata {
+                stream: stream.clone(),
+                instance: instance.clone(),
+                token: RdataToken::At(token),
+                row: RawRow::new(row.into_bytes()).unwrap(),
+            })
+        };
+        let command = match kind {
+            0 => position(here, Token(i64::MAX)),
+            1 => position(Token(here.0.saturating_add(2)), ahead),
+            2 => rdata(Token(i64::MAX)),
+            3 => {
+                let key = (stream.clone(), if shared(&stream) { None } else { Some(w) });
+                self.reserved.insert((key.0, key.1, ahead.0));
+                rdata(ahead)
+            }
+            // Only below: one at the follower's own position is what the
+            // writer itself announces, and after the follower reconnects it
+            // can hide rows lost meanwhile (see the follower's docs).
+            _ if here.0 >= i64::from(amount) => {
+                position(Token(0), Token(here.0 - i64::from(amount)))
+            }
+            _ => return,
+        };
+        if std::env::var("MODEL_TRACE").is_ok() {
+            eprintln!("forged -> {}: {:?}", NAMES[to], command.to_bytes().unwrap());
+        }
+        self.forged.insert((to, stream, w));
+        self.bus.entry((w, to)).or_default().push_front(command);
     }
 
     fn duplicate(&mut self, from: usize, to: usize) {
@@ -531,10 +649,13 @@ impl World {
             limited = keep < rows.len();
             rows.truncate(keep);
         }
+        // As a writer of this crate answers: never beyond where it is.
         let upto = if limited {
             rows.last().map_or(request.to, |(t, _)| *t)
         } else {
-            request.to
+            request
+                .to
+                .min(self.processes[writer].current[&request.stream])
         };
         self.processes[p].catch_ups.remove(index);
         let result = self.processes[p].follower.handle_catch_up(
@@ -571,6 +692,13 @@ impl World {
                 self.settle(p)?;
             }
             Op::Tick { ms } => self.tick(ms)?,
+            Op::Forge {
+                to,
+                w,
+                s,
+                kind,
+                amount,
+            } => self.forge(to, w, s, kind, amount),
             Op::CatchUp {
                 p,
                 which,
@@ -593,6 +721,36 @@ impl World {
                         prop_assert!(false, "{} lost {} {}", follower.name, stream, writer.name);
                         return Ok(());
                     };
+                    let key = (stream.clone(), writer.name.clone());
+                    if self.forged.contains(&(q, stream.clone(), w)) {
+                        // Rows, not tokens: a forged numbered row can close
+                        // the writer's open batch, whose rows then come under
+                        // its token (see the follower's docs).
+                        let real: Vec<&RawRow> = follower
+                            .delivered
+                            .get(&key)
+                            .into_iter()
+                            .flatten()
+                            .map(|(_, row)| row)
+                            .filter(|row| !is_forged(row))
+                            .collect();
+                        let log: Vec<&RawRow> = writer
+                            .logs
+                            .get(&stream)
+                            .into_iter()
+                            .flatten()
+                            .map(|(_, row)| row)
+                            .collect();
+                        prop_assert!(
+                            real.len() <= log.len() && real[..] == log[..real.len()],
+                            "{} delivered {} {} not as written: {:?}",
+                            follower.name,
+                            stream,
+                            writer.name,
+                            real
+                        );
+                        continue;
+                    }
                     prop_assert!(
                         position <= writer.current[&stream],
                         "{} is at {} {} {} beyond the writer's {}",
@@ -609,7 +767,6 @@ impl World {
                         .flatten()
                         .filter(|(t, _)| *t <= position)
                         .collect();
-                    let key = (stream.clone(), writer.name.clone());
                     let delivered: Vec<&(Token, RawRow)> =
                         follower.delivered.get(&key).into_iter().flatten().collect();
                     prop_assert_eq!(
@@ -699,8 +856,39 @@ impl World {
         for (q, follower) in self.processes.iter().enumerate() {
             for (w, writer) in self.processes.iter().enumerate().filter(|(w, _)| *w != q) {
                 for stream in streams_of(w) {
+                    let position = follower.follower.position(&stream, &writer.name);
+                    if self.forged.contains(&(q, stream.clone(), w)) {
+                        let key = (stream.clone(), writer.name.clone());
+                        let real = follower
+                            .delivered
+                            .get(&key)
+                            .into_iter()
+                            .flatten()
+                            .filter(|(_, row)| !is_forged(row))
+                            .count();
+                        let written = writer.logs.get(&stream).map_or(0, Vec::len);
+                        prop_assert_eq!(
+                            real,
+                            written,
+                            "{} lost rows of {} {} to forged lines",
+                            follower.name,
+                            stream,
+                            writer.name
+                        );
+                        prop_assert!(
+                            position >= Some(writer.current[&stream]),
+                            "{} on {} {}: {:?}",
+                            follower.name,
+                            stream,
+                            writer.name,
+                            position
+                        );
+                        // A forged row ahead of the writer may leave its
+                        // next move checked by a catch-up: not asserted.
+                        continue;
+                    }
                     prop_assert_eq!(
-                        follower.follower.position(&stream, &writer.name),
+                        position,
                         Some(writer.current[&stream]),
                         "{} on {} {}",
                         follower.name,

@@ -274,13 +274,35 @@ impl History {
         Ok(())
     }
 
+    /// `writer`'s token of `stream` moved to `token` without rows (what
+    /// [`Writer::advance`](super::Writer::advance) is told): answers may
+    /// now confirm up to it. Lower tokens change nothing.
+    pub fn advance(&mut self, stream: &StreamName, writer: &InstanceName, token: Token) {
+        let mode = self.mode(stream);
+        let log = self
+            .logs
+            .entry((stream.clone(), writer.clone()))
+            .or_insert_with(|| Log {
+                keys: Keys::new(mode),
+                ..Log::default()
+            });
+        log.last = log.last.max(Some(token));
+    }
+
     /// One page of the rows `request.writer` wrote to `request.stream` with
     /// tokens in `(request.from, request.to]`, at most `limit` rows (see
     /// the type's docs; [`TARGET_ROW_COUNT`] is Synapse's).
     ///
     /// As Synapse's writers: `from >= to` (nothing asked for, or a writer
     /// whose tokens restarted) answers no rows up to `to`; a limited page
-    /// reaches the token of its last row.
+    /// reaches the token of its last row. Unlike them, an answer never
+    /// confirms more than the history reached (its last row, or what
+    /// [`History::advance`] or [`History::begin`] said; 0 for a writer it
+    /// never heard of): asked beyond, the page ends there, and the
+    /// [`Follower`](super::Follower) takes the request's `to` for a false
+    /// claim (a forged `POSITION`) rather than skip the writer's later
+    /// rows. A writer whose token moves without rows must tell its history
+    /// ([`History::advance`]).
     pub fn answer(
         &self,
         request: &CatchUpRequest,
@@ -294,6 +316,22 @@ impl History {
         if request.from >= request.to {
             return Ok(empty);
         }
+        let reached = self
+            .last(&request.stream, &request.writer)
+            .unwrap_or(Token(0));
+        let mut page = self.page_of(request, limit)?;
+        if !page.limited {
+            page.upto = page.upto.min(reached);
+        }
+        Ok(page)
+    }
+
+    fn page_of(&self, request: &CatchUpRequest, limit: usize) -> Result<CatchUpPage, HistoryError> {
+        let empty = CatchUpPage {
+            updates: Vec::new(),
+            upto: request.to,
+            limited: false,
+        };
         let Some(log) = self
             .logs
             .get(&(request.stream.clone(), request.writer.clone()))
@@ -507,11 +545,16 @@ mod tests {
         let page = history.answer(&request(1, 2), 100).unwrap();
         assert_eq!(rows(&page).len(), 2);
         assert_eq!((page.upto, page.limited), (Token(2), false));
+        // Beyond what it reached, it confirms only what it reached: a
+        // forged POSITION asked for is not confirmed.
         let page = history.answer(&request(3, 9), 100).unwrap();
         assert_eq!(
             (page.updates.len(), page.upto, page.limited),
-            (0, Token(9), false)
+            (0, Token(3), false)
         );
+        history.advance(&StreamName::Typing, &writer(), Token(7));
+        let page = history.answer(&request(3, 9), 100).unwrap();
+        assert_eq!((page.upto, page.limited), (Token(7), false));
     }
 
     #[test]
@@ -527,12 +570,12 @@ mod tests {
                 (0, Token(to), false)
             );
         }
-        // A writer it never heard of: nothing.
+        // A writer it never heard of: nothing, and not beyond 0.
         let other = CatchUpRequest {
             writer: InstanceName::from("x"),
             ..request(0, 4)
         };
-        assert_eq!(history.answer(&other, 100).unwrap().upto, Token(4));
+        assert_eq!(history.answer(&other, 100).unwrap().upto, Token(0));
     }
 
     #[test]

@@ -295,7 +295,7 @@ impl<R: Runtime> RedisClient<R> {
             .set_position(stream, writer, token)
     }
 
-    /// The follower: positions ([`Follower::positions`]), counters.
+    /// The follower: what to persist ([`Follower::resume_points`]), counters.
     pub fn follower(&self) -> &Follower {
         self.session.follower()
     }

@@ -188,7 +188,7 @@ impl<R: Runtime> TcpClient<R> {
             .set_position(stream, writer, token)
     }
 
-    /// The follower: positions ([`Follower::positions`]), counters.
+    /// The follower: what to persist ([`Follower::resume_points`]), counters.
     pub fn follower(&self) -> &Follower {
         self.session.follower()
     }

@@ -71,6 +71,21 @@ pub enum FollowerEvent {
         /// The writer's announced position.
         new: Token,
     },
+    /// A writer the configuration does not name, heard from least
+    /// recently, is no longer tracked: it made room for another under
+    /// [`FollowerLimits::max_tracked_pairs`]. If it writes again it starts
+    /// afresh at its next `POSITION`, as a writer never seen
+    /// ([`FollowerEvent::Started`]): what it wrote in between is not
+    /// fetched. Configured writers are never forgotten.
+    Forgotten {
+        /// The stream.
+        stream: StreamName,
+        /// The writer.
+        writer: InstanceName,
+        /// Its resume point (see
+        /// [`Follower::resume_point`](super::Follower::resume_point)).
+        token: Token,
+    },
     /// A command from an instance that may not write the stream (or one
     /// more writer than the limit) was ignored; no state changed.
     Rejected {
@@ -124,6 +139,13 @@ impl fmt::Display for FollowerEvent {
                 new,
             } => {
                 write!(f, "reset {stream} {writer} {previous} -> {new}")
+            }
+            FollowerEvent::Forgotten {
+                stream,
+                writer,
+                token,
+            } => {
+                write!(f, "forgotten {stream} {writer} at {token}")
             }
             FollowerEvent::Rejected {
                 stream,
@@ -200,10 +222,24 @@ pub struct FollowerLimits {
     /// Row bytes held in all queues and batches together (default 64 MiB);
     /// beyond, the same as either limit above.
     pub max_buffered_bytes: usize,
-    /// (stream, writer) pairs tracked (default 4096). A command that would
-    /// add one more is rejected with [`RejectReason::TooManyWriters`]; see
+    /// (stream, writer) pairs tracked of writers the configuration does
+    /// not name (default 4096): `caches` writers over Redis that are in
+    /// neither `instance_map` nor `stream_writers`, and writers of streams
+    /// this crate does not know. Anyone who may publish can create those;
+    /// configured writers ([`WriterRegistry::is_configured`](crate::writers::WriterRegistry::is_configured))
+    /// are always tracked and not counted. At the limit, the pair heard
+    /// from least recently with no catch-up outstanding is forgotten to
+    /// make room ([`FollowerEvent::Forgotten`]); only when every pair has
+    /// a catch-up outstanding is the newcomer rejected
+    /// ([`RejectReason::TooManyWriters`]). See also
     /// [`Follower::forget_writer`](super::Follower::forget_writer).
     pub max_tracked_pairs: usize,
+    /// How far above the highest row delivered on its stream a live row's
+    /// token may be and still be applied as it comes (default 1 000 000).
+    /// Beyond, the writer's rows up to it are fetched through a catch-up
+    /// instead: a row forged far ahead never lands, and a real one arrives
+    /// through the writer's own answer.
+    pub max_token_jump: i64,
 }
 
 impl Default for FollowerLimits {
@@ -213,6 +249,7 @@ impl Default for FollowerLimits {
             max_batch_rows: 10_000,
             max_buffered_bytes: 64 << 20,
             max_tracked_pairs: 4096,
+            max_token_jump: 1_000_000,
         }
     }
 }
@@ -225,7 +262,8 @@ pub struct FollowerCounters {
     pub rdata_applied: u64,
     /// Rows delivered, live and caught up.
     pub rows_delivered: u64,
-    /// `RDATA` not above the writer's position, dropped.
+    /// `RDATA` of a token already delivered (or before following started),
+    /// dropped.
     pub rdata_stale: u64,
     /// `RDATA` dropped because no `POSITION` of its writer was processed on
     /// this connection yet.
@@ -243,6 +281,8 @@ pub struct FollowerCounters {
     pub positions_processed: u64,
     /// Redundant `POSITION`s dropped (tokens only grow, nothing new).
     pub positions_discarded: u64,
+    /// Writers forgotten to make room (see [`FollowerEvent::Forgotten`]).
+    pub writers_forgotten: u64,
     /// Commands rejected (see [`FollowerEvent::Rejected`]).
     pub rejected: u64,
     /// Resets (see [`FollowerEvent::Reset`]).
@@ -274,4 +314,14 @@ pub struct FollowerCounters {
     /// `RDATA` lines too broken to say whose row they held (each makes the
     /// next move of every writer they may have come from checked).
     pub rdata_unattributed: u64,
+    /// Positions found false: a row inside a range a `POSITION` said was
+    /// empty, or the writer announcing itself below them. A real writer
+    /// never causes one; a forged line does.
+    pub claims_refuted: u64,
+    /// Live rows too far ahead of the stream (see
+    /// [`FollowerLimits::max_token_jump`]), fetched rather than applied.
+    pub jumps_checked: u64,
+    /// `RDATA` at the token of the writer's last row but with other rows:
+    /// delivered, not dropped as a duplicate (one of the two was forged).
+    pub rows_contested: u64,
 }

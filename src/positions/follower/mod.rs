@@ -41,8 +41,9 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///    order received. Only `RDATA`, `POSITION` and `REPLICATE` matter;
 ///    the rest is ignored.
 /// 4. After every input, drain [`Follower::poll_event`] until `None` and
-///    act on each event in order: apply rows, record positions, start the
-///    catch-ups asked for.
+///    act on each event in order: apply rows, start the catch-ups asked
+///    for. Persist [`Follower::resume_points`], not the tokens of
+///    [`FollowerEvent::Position`] (see "Forged lines" below).
 /// 5. Answer each [`CatchUpRequest`] exactly once, with
 ///    [`Follower::handle_catch_up`] (a page of rows) or
 ///    [`Follower::catch_up_failed`] (which asks again), then drain events.
@@ -53,8 +54,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// - Commands naming this follower as sender are its own echoes: ignored.
 /// - `RDATA` of a writer is dropped until a `POSITION` of that writer was
 ///   processed on the current connection.
-/// - `batch` rows wait for their numbered row; `RDATA` not above the
-///   writer's position is stale and dropped (with its batch).
+/// - `batch` rows wait for their numbered row; `RDATA` at a token whose
+///   rows were already delivered (or at or below where following started)
+///   is stale and dropped (with its batch). A `POSITION` never makes a
+///   row stale: see "Forged lines" below.
 /// - `POSITION prev new` with `prev <= current <= new`: nothing was missed,
 ///   the position becomes `new`. Otherwise rows are missing: a catch-up
 ///   from `current` to `new`. For streams whose tokens only grow, a
@@ -83,6 +86,57 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// most one catch-up per writer that moves forward right after a
 /// `REPLICATE`; what a writer publishes after its `REPLICATE` reaches every
 /// connected subscriber, so one check per writer is enough.
+///
+/// # Forged lines
+///
+/// Redis authenticates no publisher: any process that may publish on the
+/// deployment's Redis can speak in any writer's name. One forged
+/// `POSITION events persister1 <cur> 9223372036854775807` makes Synapse's
+/// followers (and Synapse's writers, which then announce it as their own)
+/// drop every later row of that writer as stale. This follower keeps two
+/// things per writer: its *position*, what the writer announced (a claim,
+/// which gap checks start from, as Synapse's), and its *resume point*,
+/// the highest token of a row it delivered (evidence). The rules:
+///
+/// - Only rows make rows stale. A row above the resume point is never
+///   dropped, whatever a `POSITION` claimed; one inside a range a
+///   `POSITION` claimed empty proves that claim false, and the range is
+///   fetched from the writer by a catch-up (counted in
+///   [`FollowerCounters::claims_refuted`]). A `POSITION` below the
+///   position, on a stream whose tokens only grow, proves the higher claim
+///   false too: the follower goes back to its rows and checks the gap.
+/// - A catch-up answer that stops short of what was asked (`upto` below
+///   `to`, not limited) says the writer is not there: the follower takes
+///   that, not the request. [`History`](super::History), the crate's own
+///   catch-up source, never confirms a token it has not reached. Synapse's
+///   writers confirm whatever is asked.
+/// - A live row more than [`FollowerLimits::max_token_jump`] above every
+///   row delivered on its stream is not applied as it comes: the writer's
+///   rows up to it are fetched instead, so a row forged far ahead never
+///   lands. A forged row within that distance lands (rows are not
+///   signed), but hides nothing: the tokens it jumped over stay open, so
+///   the writer's rows below it are still delivered when they come, and a
+///   catch-up after a lost connection fetches them; a row of the writer's
+///   at the very token of a forged one (other rows at that token) is
+///   delivered too ([`FollowerCounters::rows_contested`]).
+/// - What to persist is [`Follower::resume_points`]: never beyond a row
+///   delivered, whatever was announced. Resuming from it costs at most a
+///   catch-up.
+///
+/// What a forger can still do: add rows (nothing on the wire is signed);
+/// make the follower fetch (each refuted claim costs a catch-up); close a
+/// writer's open batch with a forged numbered row (the batch's rows are
+/// then delivered under the forged token, and once more with their own
+/// if a catch-up later fetches them); and, in the moment after this
+/// follower (re)connects, announce a writer before the writer does: an
+/// announcement at the follower's own position, or one claiming the
+/// range above it, hides the rows that writer wrote while the follower
+/// was away (Synapse's followers lose those rows with no forgery at
+/// all). On streams whose tokens restart (`typing`, ...), a forged
+/// `POSITION` below the position is taken as a restart, as Synapse
+/// takes it. The model test's adversary forges every other kind of line
+/// and checks that every row a writer wrote is delivered once, in
+/// order.
 ///
 /// Deliberate differences from Synapse: connection state and `batch` rows
 /// are kept per (stream, writer), not per stream, so that a `POSITION` of
@@ -153,6 +207,8 @@ impl Follower {
                 epoch: 0,
                 next_id: 0,
                 pairs: 0,
+                open_pairs: 0,
+                clock: 0,
                 buffered_bytes: 0,
             },
         }
@@ -457,8 +513,9 @@ impl Follower {
             w.batch_cut = false;
             w.unproven = false;
             w.connected = false;
-            w.position = Some(token);
+            w.restart_at(token, false);
         }
+        state.raise_top(token);
         Ok(())
     }
 
@@ -486,6 +543,9 @@ impl Follower {
         };
         removed.clear_batch(ctx);
         ctx.pairs -= 1;
+        if !removed.configured {
+            ctx.open_pairs -= 1;
+        }
         if let Slot::Other(index) = slot {
             if state.writers.is_empty() {
                 self.streams.others.swap_remove(index);
@@ -494,19 +554,61 @@ impl Follower {
         true
     }
 
-    /// The token up to which `writer`'s rows of `stream` were delivered.
+    /// Forgets the writer the configuration does not name that was heard
+    /// from least recently and has no catch-up outstanding; whether there
+    /// was one.
+    fn forget_idlest(&mut self) -> bool {
+        let idlest = self
+            .streams
+            .all()
+            .flat_map(|s| s.writers.iter().map(move |w| (s, w)))
+            .filter(|(_, w)| !w.configured && w.pending.is_none())
+            .min_by_key(|(_, w)| w.heard)
+            .map(|(s, w)| (s.name.clone(), w.name.clone(), w.position.map(|_| w.floor)));
+        let Some((stream, writer, token)) = idlest else {
+            return false;
+        };
+        if !self.forget_writer(&stream, &writer) {
+            return false;
+        }
+        self.ctx.counters.writers_forgotten += 1;
+        if let Some(token) = token {
+            self.ctx.events.push_back(FollowerEvent::Forgotten {
+                stream,
+                writer,
+                token,
+            });
+        }
+        true
+    }
+
+    /// Where `writer` is on `stream`: the token up to which its rows were
+    /// delivered or, beyond the last of them, what it announced and no row
+    /// contradicted. An announcement is only a claim (see "Forged lines"
+    /// above): to persist, take [`Follower::resume_point`].
     pub fn position(&self, stream: &StreamName, writer: &InstanceName) -> Option<Token> {
         self.streams.find(stream)?.writer(writer)?.position
     }
 
-    /// Every (stream, writer) with a known position, and that position:
-    /// what to persist, so that [`Follower::set_position`] can resume from
-    /// it after a restart.
-    pub fn positions(&self) -> impl Iterator<Item = (&StreamName, &InstanceName, Token)> {
+    /// The token to persist for `writer` on `stream` and to resume from
+    /// with [`Follower::set_position`] after a restart: the highest token
+    /// of a row delivered (or where following started). Never beyond a
+    /// row this follower delivered, whatever a forged `POSITION` said;
+    /// resuming from it costs at most one catch-up of rows already known
+    /// to be missing from it.
+    pub fn resume_point(&self, stream: &StreamName, writer: &InstanceName) -> Option<Token> {
+        let w = self.streams.find(stream)?.writer(writer)?;
+        w.position.map(|_| w.floor)
+    }
+
+    /// Every (stream, writer) with a known position, and its
+    /// [`Follower::resume_point`]: what to persist.
+    pub fn resume_points(&self) -> impl Iterator<Item = (&StreamName, &InstanceName, Token)> {
         self.streams.all().flat_map(|s| {
             s.writers
                 .iter()
-                .filter_map(move |w| Some((&s.name, &w.name, w.position?)))
+                .filter(|w| w.position.is_some())
+                .map(move |w| (&s.name, &w.name, w.floor))
         })
     }
 
@@ -583,7 +685,8 @@ impl Follower {
         self.ctx.buffered_bytes
     }
 
-    /// (stream, writer) pairs tracked.
+    /// (stream, writer) pairs tracked, configured writers included (only
+    /// the others count against [`FollowerLimits::max_tracked_pairs`]).
     pub fn tracked_pairs(&self) -> usize {
         self.ctx.pairs
     }
@@ -610,20 +713,28 @@ impl Follower {
         instance: &InstanceName,
     ) -> Result<(Slot, usize), RejectReason> {
         let slot = self.streams.slot(stream);
-        if let Some(wi) = slot
-            .and_then(|s| self.streams.get(s))
-            .and_then(|s| s.writer_index(instance))
-        {
+        if let Some(wi) = slot.and_then(|s| self.streams.get_mut(s)).and_then(|s| {
+            let wi = s.writer_index(instance)?;
+            s.writers.get_mut(wi)?.heard = self.ctx.clock;
+            Some(wi)
+        }) {
             if let Some(slot) = slot {
+                self.ctx.clock += 1;
                 return Ok((slot, wi));
             }
         }
         if !self.registry.may_write(stream, instance) {
             return Err(RejectReason::NotAWriter);
         }
-        if self.ctx.pairs >= self.ctx.limits.max_tracked_pairs {
+        let configured = self.registry.is_configured(stream, instance);
+        if !configured
+            && self.ctx.open_pairs >= self.ctx.limits.max_tracked_pairs
+            && !self.forget_idlest()
+        {
             return Err(RejectReason::TooManyWriters);
         }
+        // Forgetting may have removed a stream of `others`: look again.
+        let slot = self.streams.slot(stream);
         let slot = match slot {
             Some(slot) => slot,
             None => {
@@ -637,8 +748,14 @@ impl Follower {
         let Some(state) = self.streams.get_mut(slot) else {
             return Err(RejectReason::NotAWriter);
         };
-        let wi = state.add_writer(WriterState::new(InstanceName::from(instance.as_str())));
+        let mut writer = WriterState::new(InstanceName::from(instance.as_str()), configured);
+        writer.heard = self.ctx.clock;
+        self.ctx.clock += 1;
+        let wi = state.add_writer(writer);
         self.ctx.pairs += 1;
+        if !configured {
+            self.ctx.open_pairs += 1;
+        }
         Ok((slot, wi))
     }
 

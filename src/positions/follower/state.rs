@@ -19,7 +19,12 @@ pub(super) struct Ctx {
     /// Incremented on every new connection.
     pub(super) epoch: u64,
     pub(super) next_id: u64,
+    /// Pairs tracked, and those of writers the configuration does not
+    /// name (which the limit counts).
     pub(super) pairs: usize,
+    pub(super) open_pairs: usize,
+    /// Counts commands of tracked writers: when each was last heard.
+    pub(super) clock: u64,
     pub(super) buffered_bytes: usize,
 }
 
@@ -132,6 +137,39 @@ fn known_index(stream: &StreamName) -> Option<usize> {
     })
 }
 
+/// A fingerprint of a row, never 0: enough to tell a row from another at
+/// the same token, which a forger would have to predict. Rows up to 128
+/// bytes are read whole; longer ones by their length, both ends and their
+/// middle (where the ids are), so that its cost stays flat.
+fn fingerprint(row: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    fn mix(mut hash: u64, bytes: &[u8]) -> u64 {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            hash = (hash.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        }
+        for &byte in chunks.remainder() {
+            hash = (hash.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
+        }
+        hash
+    }
+    let len = row.len();
+    let hash = if len <= 128 {
+        mix(len as u64, row)
+    } else {
+        let middle = len / 2 - 16;
+        let hash = mix(len as u64, &row[..32]);
+        let hash = mix(hash, &row[middle..middle + 32]);
+        mix(hash, &row[len - 32..])
+    };
+    hash | 1
+}
+
+/// A hole with nothing in it.
+const NO_HOLE: (Token, Token) = (Token(0), Token(0));
+
 /// Up to this many writers per stream, a writer is found by comparing names;
 /// beyond, through a hash map.
 const LINEAR_WRITERS: usize = 8;
@@ -140,6 +178,10 @@ pub(super) struct StreamState {
     pub(super) name: StreamName,
     monotonic: bool,
     pub(super) writers: Vec<WriterState>,
+    /// The highest token of a row delivered (or seeded) for any writer:
+    /// what a live row's token is measured against (see
+    /// [`FollowerLimits::max_token_jump`]).
+    top: Option<Token>,
     /// Positions in `writers` by name, once there are more than
     /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
     pub(super) index: Option<HashMap<InstanceName, usize>>,
@@ -148,7 +190,26 @@ pub(super) struct StreamState {
 pub(super) struct WriterState {
     /// A copy of the name that shares no buffer with any line.
     pub(super) name: InstanceName,
+    /// Where the writer is, as it announced (or a catch-up answered) and
+    /// no row contradicted: a claim, which gap checks start from.
     pub(super) position: Option<Token>,
+    /// The highest token of a row delivered, or the seeded or first
+    /// announced position: the evidence. Rows at or below it are stale
+    /// (but for `hole`), and catch-ups fetch from it. Meaningful once
+    /// `position` is set; never above it.
+    pub(super) floor: Token,
+    /// `floor` is the writer's first announced position, not a row or a
+    /// seed: a lower `POSITION` of the writer may lower it (nothing was
+    /// delivered above it).
+    floor_claimed: bool,
+    /// Tokens strictly between the two that the writer's last live row
+    /// jumped over: never delivered, so a row there is taken, not dropped
+    /// as stale (a forged row far ahead hides nothing below it). Empty
+    /// when the first is not below the second by two.
+    hole: (Token, Token),
+    /// A [`fingerprint`] of the last row delivered at `floor`, 0 when no
+    /// row was: another row at that token is not its duplicate.
+    floor_print: u64,
     /// A `POSITION` of this writer was processed on the current connection
     /// and no catch-up of it is outstanding.
     pub(super) connected: bool,
@@ -163,13 +224,24 @@ pub(super) struct WriterState {
     batch_bytes: usize,
     /// The writer's outstanding catch-up and the commands held behind it.
     pub(super) pending: Option<Box<Pending>>,
+    /// The configuration names it ([`WriterRegistry::is_configured`](crate::writers::WriterRegistry::is_configured)):
+    /// never forgotten to make room.
+    pub(super) configured: bool,
+    /// `Ctx::clock` when it was last heard from.
+    pub(super) heard: u64,
 }
 
 impl WriterState {
-    pub(super) fn new(name: InstanceName) -> WriterState {
+    pub(super) fn new(name: InstanceName, configured: bool) -> WriterState {
         WriterState {
+            configured,
+            heard: 0,
             name,
             position: None,
+            floor: Token(0),
+            floor_claimed: false,
+            hole: NO_HOLE,
+            floor_print: 0,
             connected: false,
             batch_cut: false,
             unproven: false,
@@ -187,6 +259,94 @@ impl WriterState {
         self.batch_bytes = 0;
         self.batch = Vec::new();
         rows
+    }
+
+    /// Starts the writer afresh at `token` (a seed, a first announcement,
+    /// a reset); `claimed`: only announced, no row or seed behind it.
+    pub(super) fn restart_at(&mut self, token: Token, claimed: bool) {
+        self.position = Some(token);
+        self.floor = token;
+        self.floor_claimed = claimed;
+        self.hole = NO_HOLE;
+        self.floor_print = 0;
+    }
+
+    /// Whether a stale row at `token` (last row `print`) differs from the
+    /// one delivered there: one of the two was forged, and it may be the
+    /// first.
+    fn contests(&self, token: Token, print: u64) -> bool {
+        token == self.floor && self.floor_print != 0 && self.floor_print != print
+    }
+
+    /// Whether a row at `token` was delivered already, or lies before
+    /// where following started. Only rows make rows stale: a `POSITION`
+    /// never does.
+    pub(super) fn is_stale(&self, token: Token) -> bool {
+        token <= self.floor && !self.in_hole(token)
+    }
+
+    /// Where a catch-up up to `token`, a row not stale, starts: the
+    /// position, or below it the rows delivered (a `POSITION` claimed the
+    /// range, and a row says otherwise), or the bottom of the hole.
+    fn gap_start(&self, token: Token) -> Token {
+        match self.position {
+            Some(position) if token > position => position,
+            _ if token > self.floor => self.floor,
+            _ => self.hole.0,
+        }
+    }
+
+    fn in_hole(&self, token: Token) -> bool {
+        self.hole.0 < token && token < self.hole.1
+    }
+
+    /// Where a catch-up from `from` starts: at the bottom of the hole
+    /// below it, if any, whose rows a lost connection may have taken.
+    fn catch_up_start(&self, from: Token) -> Token {
+        if self.hole.1.0 > self.hole.0.0.saturating_add(1) && self.hole.0 < from {
+            self.hole.0
+        } else {
+            from
+        }
+    }
+
+    /// Records that rows at `token` were delivered (`live`: from `RDATA`).
+    fn note_delivered(
+        &mut self,
+        token: Token,
+        print: u64,
+        live: bool,
+        counters: &mut FollowerCounters,
+    ) {
+        if token >= self.floor {
+            self.floor_print = print;
+        }
+        if token > self.floor {
+            // The tokens jumped over that nothing accounts for: above the
+            // position, or, for a row below it, above the last row.
+            let low = match self.position {
+                Some(position) if token > position => position,
+                _ => self.floor,
+            };
+            if live && token.0 > low.0.saturating_add(1) {
+                self.hole = (low, token);
+            }
+            self.floor = token;
+        } else if self.in_hole(token) {
+            // A row in the hole: the hole shrinks to what is above it.
+            self.hole.0 = token;
+        }
+        self.floor_claimed = false;
+        match self.position {
+            Some(position) if token < position && token == self.floor => {
+                // The writer had been said to be beyond this row with
+                // nothing in between: that claim was false.
+                counters.claims_refuted += 1;
+                self.position = Some(token);
+            }
+            Some(position) if token <= position => {}
+            _ => self.position = Some(token),
+        }
     }
 
     pub(super) fn catch_up(&self) -> Option<&CatchUp> {
@@ -301,7 +461,23 @@ impl StreamState {
             monotonic: tokens_only_grow(&name),
             name,
             writers: Vec::new(),
+            top: None,
             index: None,
+        }
+    }
+
+    /// Records that writer `wi`'s rows at `token` were delivered.
+    fn delivered(&mut self, wi: usize, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
+        if let Some(w) = self.writers.get_mut(wi) {
+            w.note_delivered(token, print, live, &mut ctx.counters);
+        }
+        self.raise_top(token);
+    }
+
+    /// Raises the highest token delivered or seeded on the stream.
+    pub(super) fn raise_top(&mut self, token: Token) {
+        if self.top.is_none_or(|top| token > top) {
+            self.top = Some(token);
         }
     }
 
@@ -390,6 +566,7 @@ impl StreamState {
     }
 
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
+        let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {
             return;
         };
@@ -426,29 +603,59 @@ impl StreamState {
                 return;
             }
         };
-        if w.unproven && token > position {
+        if w.unproven && !w.is_stale(token) {
             // Rows the writer wrote before this one may never have been
             // published: fetch up to it rather than apply it.
             w.unproven = false;
             w.batch_cut = false;
             w.clear_batch(ctx);
             ctx.counters.unproven_checked += 1;
-            self.start_catch_up(wi, position, token, ctx);
+            let from = w.gap_start(token);
+            self.start_catch_up(wi, from, token, ctx);
             return;
         }
         if w.batch_cut {
             w.batch_cut = false;
             w.clear_batch(ctx);
-            if token > position {
-                self.start_catch_up(wi, position, token, ctx);
-            } else {
+            if w.is_stale(token) {
                 ctx.counters.rdata_stale += 1;
+            } else {
+                let from = w.gap_start(token);
+                self.start_catch_up(wi, from, token, ctx);
             }
             return;
         }
-        if token <= position {
-            ctx.counters.rdata_stale += 1;
+        let print = fingerprint(rdata.row.as_bytes());
+        if w.is_stale(token) {
+            if w.contests(token, print) {
+                // Not a duplicate: another row at the token of the last
+                // one. Delivered too, so that a forged row sent just ahead
+                // of the writer's hides nothing.
+                ctx.counters.rows_contested += 1;
+            } else {
+                ctx.counters.rdata_stale += 1;
+                w.clear_batch(ctx);
+                return;
+            }
+        }
+        if token <= position && token > w.floor {
+            // A row inside a range a `POSITION` said was empty: that claim
+            // was false (a forged line), and it may have hidden rows lost
+            // in transit since. The writer's answer settles the range.
+            ctx.counters.claims_refuted += 1;
             w.clear_batch(ctx);
+            let from = w.floor;
+            self.start_catch_up(wi, from, token, ctx);
+            return;
+        }
+        let evidence = top.map_or(w.floor, |top| top.max(w.floor));
+        if token > position && token.0 > evidence.0.saturating_add(ctx.limits.max_token_jump) {
+            // Far beyond every row of the stream: had it been forged, every
+            // real row below it would look stale. The writer's own answer
+            // says which rows are real.
+            ctx.counters.jumps_checked += 1;
+            w.clear_batch(ctx);
+            self.start_catch_up(wi, position, token, ctx);
             return;
         }
         let rows = if w.batch.is_empty() {
@@ -460,9 +667,9 @@ impl StreamState {
             rows.push(rdata.row);
             Rows::from(rows)
         };
-        w.position = Some(token);
         ctx.counters.rdata_applied += 1;
         ctx.counters.rows_delivered += rows.len() as u64;
+        self.delivered(wi, token, print, true, ctx);
         ctx.events.push_back(FollowerEvent::Rows {
             stream: rdata.stream,
             writer: rdata.instance,
@@ -479,8 +686,8 @@ impl StreamState {
             return;
         };
         ctx.counters.rdata_lost += 1;
-        let position = match w.position {
-            Some(position) if w.connected => position,
+        match w.position {
+            Some(_) if w.connected => {}
             _ => {
                 // Dropped anyway; its POSITION brings a catch-up.
                 w.batch_cut = token.is_batch();
@@ -493,11 +700,12 @@ impl StreamState {
                 w.clear_batch(ctx);
                 w.batch_cut = true;
             }
-            RdataToken::At(token) if token > position => {
+            RdataToken::At(token) if !w.is_stale(token) => {
                 w.batch_cut = false;
                 w.unproven = false;
                 w.clear_batch(ctx);
-                self.start_catch_up(wi, position, token, ctx);
+                let from = w.gap_start(token);
+                self.start_catch_up(wi, from, token, ctx);
             }
             RdataToken::At(_) => {
                 // A row at or below the position was delivered already.
@@ -516,8 +724,12 @@ impl StreamState {
         self.monotonic
             && self.writers.get(wi).is_some_and(|w| {
                 w.connected
-                    && w.position
-                        .is_some_and(|p| new < p || (new == p && !w.unproven))
+                    && w.position.is_some_and(|p| {
+                        // One below the position but not below every row
+                        // delivered contradicts the position: kept.
+                        (new < p && new < w.floor && !w.floor_claimed && !w.in_hole(new))
+                            || (new == p && !w.unproven)
+                    })
             })
     }
 
@@ -544,10 +756,11 @@ impl StreamState {
             // The batch's numbered row, if it comes, must not be applied alone.
             w.batch_cut = true;
         }
+        let was_connected = w.connected;
         w.connected = false;
         let Some(original) = w.position else {
             // A writer never seen: start from its announced position.
-            w.position = Some(new);
+            w.restart_at(new, true);
             w.connected = ctx.connected;
             w.unproven = false;
             ctx.events.push_back(FollowerEvent::Started {
@@ -560,20 +773,43 @@ impl StreamState {
         let mut current = original;
         if current > new {
             if monotonic {
-                // A late POSITION: this stream cannot go backwards.
-                w.connected = ctx.connected;
-                return;
+                if new < w.floor && !w.floor_claimed {
+                    if w.in_hole(new) {
+                        // Below a row that jumped ahead (a forged one?), at
+                        // a token never delivered: fetch what is missing.
+                        let from = w.hole.0;
+                        self.start_catch_up(wi, from, new, ctx);
+                        return;
+                    }
+                    // A late POSITION: rows above it were delivered. It
+                    // says nothing of what came since, so it does not
+                    // announce the writer on a new connection.
+                    w.connected = was_connected && ctx.connected;
+                    return;
+                }
+                // The writer is below where it was said to be: what said
+                // so was false (a forged line). Back to the rows delivered;
+                // what lies between them and `new` is checked as usual.
+                ctx.counters.claims_refuted += 1;
+                if w.floor_claimed && new < w.floor {
+                    // Nothing was delivered since the first announcement.
+                    w.restart_at(new, true);
+                }
+                current = w.floor;
+                w.position = Some(current);
+            } else {
+                ctx.counters.resets += 1;
+                current = if new > Token(0) { Token(0) } else { new };
+                w.restart_at(current, false);
+                self.top = None;
+                w.batch_cut = false;
+                ctx.events.push_back(FollowerEvent::Reset {
+                    stream: self.name.clone(),
+                    writer: w.name.clone(),
+                    previous: original,
+                    new,
+                });
             }
-            ctx.counters.resets += 1;
-            current = if new > Token(0) { Token(0) } else { new };
-            w.position = Some(current);
-            w.batch_cut = false;
-            ctx.events.push_back(FollowerEvent::Reset {
-                stream: self.name.clone(),
-                writer: w.name.clone(),
-                previous: original,
-                new,
-            });
         }
         // After a REPLICATE, `prev` does not prove that nothing was missed:
         // the writer may have lost what it published before reconnecting.
@@ -609,6 +845,7 @@ impl StreamState {
             return;
         };
         w.connected = false;
+        let from = w.catch_up_start(from);
         let id = ctx.next_id();
         ctx.counters.catch_ups_requested += 1;
         let catch_up = CatchUp {
@@ -676,8 +913,7 @@ impl StreamState {
                 && self
                     .writers
                     .get(wi)
-                    .and_then(|w| w.position)
-                    .is_some_and(|position| last <= position);
+                    .is_some_and(|w| w.position.is_some() && w.is_stale(last));
             if stale {
                 ctx.counters.rdata_stale += 1;
             } else {
@@ -717,7 +953,9 @@ impl StreamState {
         }
     }
 
-    fn finish_catch_up(&mut self, wi: usize, ctx: &mut Ctx) {
+    /// Completes writer `wi`'s catch-up, whose writer answered that it is
+    /// at `reached` (the catch-up's `to`, or below it).
+    fn finish_catch_up(&mut self, wi: usize, reached: Token, ctx: &mut Ctx) {
         let Some(w) = self.writers.get_mut(wi) else {
             return;
         };
@@ -725,9 +963,18 @@ impl StreamState {
             return;
         };
         ctx.counters.catch_ups_completed += 1;
-        w.position = Some(catch_up.to);
+        let position = if reached < catch_up.to {
+            // The writer has not reached what it was said to be at: that
+            // claim was false. Back to its rows.
+            ctx.counters.claims_refuted += 1;
+            reached.max(w.floor)
+        } else {
+            // Only a catch-up inside a hole ends below the position.
+            w.position.map_or(catch_up.to, |p| p.max(catch_up.to))
+        };
+        w.position = Some(position);
         w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
-        self.push_position(wi, catch_up.to, ctx);
+        self.push_position(wi, position, ctx);
         self.drain(wi, ctx);
     }
 
@@ -776,7 +1023,7 @@ impl StreamState {
         let writer = w.name.clone();
         let mut updates = page.updates.into_iter().peekable();
         while let Some((token, row)) = updates.next() {
-            if token <= from || token > end {
+            if token <= from || token > end || w.is_stale(token) {
                 ctx.counters.catch_up_rows_skipped += 1;
                 continue;
             }
@@ -784,7 +1031,11 @@ impl StreamState {
             while let Some((_, row)) = updates.next_if(|(next, _)| *next == token) {
                 rows.push(row);
             }
-            w.position = Some(token);
+            let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
+            w.note_delivered(token, print, false, &mut ctx.counters);
+            if self.top.is_none_or(|top| token > top) {
+                self.top = Some(token);
+            }
             ctx.counters.rows_delivered += rows.len() as u64;
             ctx.events.push_back(FollowerEvent::Rows {
                 stream: self.name.clone(),
@@ -795,7 +1046,11 @@ impl StreamState {
             });
         }
         if done {
-            self.finish_catch_up(wi, ctx);
+            // An answer that stops short of `to` unlimited says the writer
+            // is not there (a writer of this crate never confirms more than
+            // it reached; Synapse's confirm whatever is asked).
+            let reached = if page.limited { to } else { page.upto.min(to) };
+            self.finish_catch_up(wi, reached, ctx);
         } else if let Some(catch_up) = w.pending.as_mut().and_then(|p| p.catch_up.as_mut()) {
             catch_up.cursor = page.upto;
             catch_up.id = ctx.next_id();
@@ -827,7 +1082,7 @@ mod tests {
     #[test]
     fn many_writers_are_found_through_an_index() {
         let mut stream = StreamState::new(StreamName::Caches);
-        let new = |name: String| WriterState::new(InstanceName::from(name));
+        let new = |name: String| WriterState::new(InstanceName::from(name), false);
         for i in 0..20 {
             assert_eq!(stream.add_writer(new(format!("w{i}"))), i);
             assert_eq!(stream.index.is_some(), i >= LINEAR_WRITERS);
@@ -854,7 +1109,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 96,
+            mem::size_of::<WriterState>() <= 128,
             "{}",
             mem::size_of::<WriterState>()
         );
