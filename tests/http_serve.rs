@@ -1,20 +1,27 @@
 //! `HttpServer` over plain HTTP, against real sockets: Synapse's request
 //! is answered whatever its `Host`, the crate's own client reads the
 //! answers, and what a peer may hold is bounded: requests too large, too
-//! many at once, a slow source.
+//! many at once, a slow source; headers that never finish, a wrong secret
+//! with a body still to come, one peer holding idle sockets, and a flood
+//! of refused requests in the log.
 
 #![cfg(all(
     feature = "http-server",
     feature = "http-catch-up",
-    feature = "runtime-smol"
+    feature = "runtime-smol",
+    feature = "runtime-tokio"
 ))]
 
-use std::net::SocketAddr;
+use std::fmt;
+use std::future::Future;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future;
+use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
@@ -25,8 +32,20 @@ use synapse_replication::transport::{
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::InstanceLocation;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
 
 const SECRET: &str = "s3cret";
+
+/// Far beyond every bound the tests assert ("closed within 10 s"), so
+/// that a connection closed in time was closed by the bound under test.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a test waits for the server to close a connection it should
+/// close well before [`REQUEST_TIMEOUT`].
+const CLOSED_WITHIN: Duration = Duration::from_secs(10);
 
 fn history() -> Arc<Mutex<History>> {
     let mut history =
@@ -110,6 +129,73 @@ fn catch_up_get(txn_id: &str, authorization: Option<&str>) -> String {
         "GET /_synapse/replication/get_repl_stream_updates/typing/{txn_id}?from_token=1&upto_token=3 HTTP/1.1\r\n\
          Host: rust1:80\r\n{authorization}User-Agent: Synapse/1.163.2\r\n\r\n"
     )
+}
+
+/// A plain TCP connection to `addr` from the address `from` (any port):
+/// on Linux every 127.0.0.0/8 address is the loopback's, so two of them
+/// are two peers.
+fn connect_from(from: Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a runtime");
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(SocketAddr::new(IpAddr::V4(from), 0))
+            .expect("binds a loopback address");
+        socket.connect(addr).await.expect("connects")
+    });
+    let stream = stream.into_std().expect("a std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// Reads `stream` until the server closes it, for at most `within`:
+/// what it sent, or `None` if it was still open then.
+fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + within;
+    let mut answer = Vec::new();
+    let mut chunk = [0; 4096];
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .expect("a read timeout");
+        match stream.read(&mut chunk) {
+            Ok(0) => return Some(answer),
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(error) if error.kind() == ErrorKind::ConnectionReset => return Some(answer),
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return None;
+            }
+            Err(error) => panic!("reading: {error}"),
+        }
+    }
+}
+
+/// Waits (at most 10 s) for `condition`.
+fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The limits of the new tests: a request timeout far beyond what they
+/// wait, so that only the bound under test can close a connection.
+fn limits(
+    header_timeout: Duration,
+    max_concurrent: usize,
+    max_per_peer: usize,
+) -> HttpServerConfig {
+    let mut config = HttpServerConfig::default();
+    config.request_timeout = REQUEST_TIMEOUT;
+    config.header_timeout = header_timeout;
+    config.max_concurrent = max_concurrent;
+    config.max_per_peer = max_per_peer;
+    config
 }
 
 #[test]
@@ -296,4 +382,279 @@ fn beyond_the_limit_is_503_and_a_slow_source_504() {
         assert!(started.elapsed() >= Duration::from_millis(1400));
         assert_eq!((counters.failed(), counters.pages()), (1, 1));
     });
+}
+
+#[test]
+fn headers_not_complete_by_the_header_timeout_are_closed() {
+    let server =
+        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(1), 64, 16));
+    let counters = server.counters();
+    let addr = start(server);
+
+    // Everything but the blank line that ends the headers.
+    let get = catch_up_get("t", Some(&format!("Bearer {SECRET}")));
+    let partial = get.strip_suffix("\r\n").expect("the blank line").to_owned();
+    let mut idle = TcpStream::connect(addr).expect("connects");
+    idle.write_all(partial.as_bytes()).expect("writes");
+    let answer = read_until_closed(&mut idle, CLOSED_WITHIN)
+        .expect("closed by the header timeout, long before the request timeout");
+    assert_eq!(String::from_utf8_lossy(&answer), "", "closed unanswered");
+
+    // A byte now and then does not keep the connection open: the
+    // deadline counts from the accept, not from the last byte.
+    let mut slow = TcpStream::connect(addr).expect("connects");
+    let mut writer = slow.try_clone().expect("a second handle");
+    let trickle = std::thread::spawn({
+        let partial = partial.clone();
+        move || {
+            for byte in partial.bytes() {
+                if writer.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    });
+    let answer = read_until_closed(&mut slow, CLOSED_WITHIN)
+        .expect("closed by the header timeout, however slowly the bytes come");
+    assert_eq!(String::from_utf8_lossy(&answer), "", "closed unanswered");
+    drop(slow);
+    trickle.join().expect("the writer");
+
+    // Headers in time are answered as ever.
+    let mut prompt = TcpStream::connect(addr).expect("connects");
+    prompt.write_all(get.as_bytes()).expect("writes");
+    let answer = read_until_closed(&mut prompt, CLOSED_WITHIN).expect("answered and closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert_eq!(counters.pages(), 1);
+}
+
+#[test]
+fn a_wrong_secret_is_refused_as_soon_as_the_headers_are_in() {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let server = smol::block_on(bind(history()))
+        .with_config(limits(Duration::from_secs(20), 64, 16))
+        .with_handler({
+            let handled = Arc::clone(&handled);
+            move |request| {
+                handled.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async move { HttpResponse::new(200, format!("{}", request.body.len())) })
+            }
+        });
+    let counters = server.counters();
+    let addr = start(server);
+
+    // Replication requests whose body is announced and never sent: a
+    // missing or wrong secret is answered from the headers alone, and the
+    // connection closed, with the body still owed.
+    let cases = [
+        (
+            "PUT /_synapse/replication/presence_set_state/u/t HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer wrong\r\nContent-Length: 5000\r\n\r\n",
+            "M_UNKNOWN_TOKEN",
+        ),
+        (
+            "POST /_synapse/replication/fed_send_edu/m.typing/t HTTP/1.1\r\nHost: x\r\n\
+             Content-Length: 5000\r\n\r\n",
+            "M_MISSING_TOKEN",
+        ),
+        (
+            "GET /_synapse/replication/get_repl_stream_updates/typing/t?from_token=1&upto_token=3 HTTP/1.1\r\n\
+             Host: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 5000\r\n\r\n",
+            "M_UNKNOWN_TOKEN",
+        ),
+    ];
+    for (request, errcode) in cases {
+        let mut socket = TcpStream::connect(addr).expect("connects");
+        socket.write_all(request.as_bytes()).expect("writes");
+        let answer = read_until_closed(&mut socket, CLOSED_WITHIN)
+            .unwrap_or_else(|| panic!("still open, waiting for a body: {request}"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{request}: {answer}");
+        assert!(answer.contains(errcode), "{request}: {answer}");
+    }
+    assert_eq!(handled.load(Ordering::SeqCst), 0, "no handler ran");
+    assert_eq!((counters.refused_secret(), counters.handled()), (3, 0));
+
+    // With the secret, the handler gets the request, body and all; paths
+    // outside Synapse's replication prefix are the handler's to check.
+    let body = "x".repeat(5000);
+    for path in ["/_synapse/replication/presence_set_state/u/t", "/health"] {
+        let authorization = if path == "/health" {
+            String::new()
+        } else {
+            format!("Authorization: Bearer {SECRET}\r\n")
+        };
+        let mut socket = TcpStream::connect(addr).expect("connects");
+        socket
+            .write_all(
+                format!(
+                    "PUT {path} HTTP/1.1\r\nHost: x\r\n{authorization}Content-Length: 5000\r\n\r\n{body}"
+                )
+                .as_bytes(),
+            )
+            .expect("writes");
+        let answer = read_until_closed(&mut socket, CLOSED_WITHIN).expect("answered");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200 ") && answer.ends_with("\r\n5000"),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(handled.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn one_peer_holding_idle_sockets_cannot_take_every_slot() {
+    // Four slots, two per peer; headers may take longer than the test, so
+    // only the per-peer limit can close anything.
+    let server = smol::block_on(bind(history())).with_config(limits(Duration::from_secs(20), 4, 2));
+    let counters = server.counters();
+    let addr = start(server);
+    let partial =
+        "GET /_synapse/replication/get_repl_stream_updates/typing/t HTTP/1.1\r\nHost: x\r\n";
+
+    // 127.0.0.2 opens four sockets and sends half a request on each: the
+    // first two are its share, the next two are closed at once.
+    let attacker = Ipv4Addr::new(127, 0, 0, 2);
+    let mut idle: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut socket = connect_from(attacker, addr);
+            let _ = socket.write_all(partial.as_bytes());
+            socket
+        })
+        .collect();
+    for (index, socket) in idle.iter_mut().enumerate().skip(2) {
+        let answer = read_until_closed(socket, CLOSED_WITHIN)
+            .unwrap_or_else(|| panic!("socket {index} of one peer beyond its share is open"));
+        assert!(answer.is_empty(), "closed unanswered: {answer:?}");
+    }
+    eventually("two connections refused", || counters.busy() == 2);
+
+    // Another peer (127.0.0.1) is served meanwhile.
+    let mut socket = TcpStream::connect(addr).expect("connects");
+    socket
+        .write_all(catch_up_get("t", Some(&format!("Bearer {SECRET}"))).as_bytes())
+        .expect("writes");
+    let answer = read_until_closed(&mut socket, CLOSED_WITHIN).expect("answered");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert_eq!((counters.pages(), counters.busy()), (1, 2));
+
+    // Once the peer lets go of its sockets, it is served again.
+    drop(idle);
+    eventually("the peer's slots are free", || {
+        let mut socket = connect_from(attacker, addr);
+        let get = catch_up_get("t", Some(&format!("Bearer {SECRET}")));
+        socket.write_all(get.as_bytes()).is_ok()
+            && read_until_closed(&mut socket, CLOSED_WITHIN)
+                .is_some_and(|answer| answer.starts_with(b"HTTP/1.1 200 OK\r\n"))
+    });
+}
+
+/// The events logged at INFO or above on the thread that installed it,
+/// as `message key=value ...` lines.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<String>>>);
+
+impl Logs {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().expect("logs").clone()
+    }
+}
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+impl Subscriber for Logs {
+    fn register_callsite(&self, _: &'static Metadata<'static>) -> Interest {
+        // Other threads may have no subscriber: ask every time.
+        Interest::sometimes()
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        *metadata.level() <= Level::INFO
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        self.0.lock().expect("logs").push(line.0);
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+/// Runs `server` and `test` on this thread (so that what the server logs
+/// reaches this thread's subscriber) until `test` ends.
+fn run_here<T>(server: HttpServer<SmolRuntime>, test: impl Future<Output = T>) -> T {
+    smol::block_on(async {
+        match future::select(pin!(server.run()), pin!(test)).await {
+            Either::Left(((), _)) => unreachable!("the server runs until dropped"),
+            Either::Right((out, _)) => out,
+        }
+    })
+}
+
+#[test]
+fn refused_requests_are_logged_a_few_at_a_time_with_short_paths() {
+    let logs = Logs::default();
+    let _guard = tracing::subscriber::set_default(logs.clone());
+    let server =
+        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(20), 64, 16));
+    let counters = server.counters();
+    let addr = server.local_addr().expect("its address");
+    let long_txn = "t".repeat(4000);
+    run_here(server, async {
+        for _ in 0..40 {
+            let answer = raw(
+                addr,
+                catch_up_get(&long_txn, Some("Bearer hunter2-not-the-secret")).as_bytes(),
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+        }
+    });
+    assert_eq!(counters.refused_secret(), 40, "every refusal is counted");
+    let lines = logs.lines();
+    assert!(
+        (2..=6).contains(&lines.len()),
+        "a few refusals, and a word that more are not logged: {lines:#?}"
+    );
+    for line in &lines {
+        assert!(
+            !line.contains("hunter2"),
+            "the secret given is logged: {line}"
+        );
+        assert!(!line.contains(SECRET), "the secret is logged: {line}");
+        assert!(line.len() < 300, "a long line: {line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|line| line
+                .contains("path=\"/_synapse/replication/get_repl_stream_updates/typing/ttt")),
+        "{lines:#?}"
+    );
 }

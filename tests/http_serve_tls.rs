@@ -389,3 +389,96 @@ fn bad_files_fail_at_with_tls() {
         );
     });
 }
+
+/// A plain TCP connection to `addr` from the address `from` (any port):
+/// on Linux every 127.0.0.0/8 address is the loopback's, so two of them
+/// are two peers.
+fn connect_from(from: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a runtime");
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(SocketAddr::new(from.into(), 0))
+            .expect("binds a loopback address");
+        socket.connect(addr).await.expect("connects")
+    });
+    let stream = stream.into_std().expect("a std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// Whether the server closes `stream` within `within` (reading and
+/// dropping whatever it sends first).
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    let mut chunk = [0; 4096];
+    loop {
+        let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+            return false;
+        };
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .expect("a read timeout");
+        match stream.read(&mut chunk) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn unfinished_handshakes_are_bounded_like_unfinished_headers() {
+    let dir = TempDir::new("https-idle");
+    let certs = TestCerts::generate(dir.path());
+    let tls = HttpServerTls::new(&certs.server_cert, &certs.server_key);
+    let limits = |header_timeout: Duration, max_concurrent: usize, max_per_peer: usize| {
+        let mut config = HttpServerConfig::default();
+        config.request_timeout = Duration::from_secs(30);
+        config.header_timeout = header_timeout;
+        config.max_concurrent = max_concurrent;
+        config.max_per_peer = max_per_peer;
+        config
+    };
+
+    // A handshake that never finishes (half a TLS record header) is cut
+    // at the header timeout, long before the request timeout.
+    let server = smol::block_on(bind(history()))
+        .with_config(limits(Duration::from_secs(1), 64, 16))
+        .with_tls(&tls)
+        .expect("loads");
+    let counters = server.counters();
+    let addr = start(server);
+    let mut idle = TcpStream::connect(addr).expect("connects");
+    idle.write_all(&[0x16, 0x03, 0x01]).expect("writes");
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(10)),
+        "an unfinished handshake outlived the header timeout"
+    );
+    assert_eq!(counters.handshakes_failed(), 1);
+
+    // Three slots, two per peer, and handshakes may take longer than the
+    // test: 127.0.0.2's third unfinished handshake is closed at once, and
+    // 127.0.0.1 is still served over HTTPS.
+    let server = smol::block_on(bind(history()))
+        .with_config(limits(Duration::from_secs(20), 3, 2))
+        .with_tls(&tls)
+        .expect("loads");
+    let counters = server.counters();
+    let addr = start(server);
+    let attacker = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| connect_from(attacker, addr)).collect();
+    assert!(
+        closed_within(&mut idle[2], Duration::from_secs(10)),
+        "one peer's third connection is open"
+    );
+    let page = smol::block_on(client(addr, Some(trusting(&certs.ca))).fetch(request(0, 3)))
+        .expect("another peer is served");
+    assert_eq!(page.updates.len(), 3);
+    assert_eq!((counters.pages(), counters.busy()), (1, 1));
+    drop(idle);
+}

@@ -15,11 +15,11 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use futures::future::{self, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use hyper::body::{Body, Incoming};
-use hyper::header::{self, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
@@ -39,6 +39,10 @@ use super::CatchUpSource;
 use super::hyper_io::HyperIo;
 use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 
+mod limits;
+
+use limits::{LOG_BURST, LOG_WINDOW, PeerSlots, RefusalLog, Verdict, short_path};
+
 /// The size of the buffer bytes are read into before hyper copies them.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -47,6 +51,14 @@ const MIN_BUFFER: usize = 8192;
 
 /// How long a refused connection may take to hear its 503.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where every Synapse replication route starts: requests under it carry
+/// the secret, whichever route they are for.
+const REPLICATION_PREFIX: &str = "/_synapse/replication/";
+
+/// The catch-up route, for checking the secret of a request to another
+/// replication route (the endpoint checks path, method, then secret).
+const SECRET_PROBE: &str = "/_synapse/replication/get_repl_stream_updates/-/-";
 
 /// Limits of an [`HttpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +72,22 @@ pub struct HttpServerConfig {
     /// 503 at once and closed; beyond twice it, closed unanswered. Each
     /// connection carries one request (`Connection: close`).
     pub max_concurrent: usize,
+    /// Connections open at once from one IP address (16; at least 1),
+    /// whatever they are doing: a TLS handshake, headers on their way, a
+    /// request being answered or refused. A connection beyond it is
+    /// closed at once, unanswered, so that one peer holding idle sockets
+    /// cannot take the slots of [`max_concurrent`](Self::max_concurrent)
+    /// from the others. Loopback and private addresses count like any
+    /// other, and each IPv6 address on its own (an IPv4 address mapped
+    /// into IPv6 counts as the IPv4 one). Synapse's processes on one host
+    /// share its address: with many of them there, raise it.
+    pub max_per_peer: usize,
+    /// How long a connection may take, from its accept, to finish its TLS
+    /// handshake (HTTPS) and send its request's headers (5 s; at most
+    /// [`request_timeout`](Self::request_timeout)). A connection that has
+    /// not by then is closed unanswered, however slowly it was sending.
+    /// Synapse sends its few headers at once.
+    pub header_timeout: Duration,
     /// How long one request may take, from accepting its connection to
     /// the last byte of the answer (30 s). A source that has not answered
     /// by then is answered 504; a client still sending or reading then is
@@ -75,6 +103,8 @@ impl Default for HttpServerConfig {
         HttpServerConfig {
             max_request_bytes: 64 << 10,
             max_concurrent: 64,
+            max_per_peer: 16,
+            header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             accept_pause: Duration::from_millis(100),
         }
@@ -239,7 +269,9 @@ impl HttpServerCounters {
         self.inner.refused_secret.load(Ordering::Relaxed)
     }
 
-    /// Other refused requests (400, 404, 405, 413).
+    /// Other refused requests (400, 404, 405, 413), and connections
+    /// closed for headers not complete within
+    /// [`HttpServerConfig::header_timeout`].
     pub fn bad_requests(&self) -> u64 {
         self.inner.bad_requests.load(Ordering::Relaxed)
     }
@@ -250,7 +282,7 @@ impl HttpServerCounters {
     }
 
     /// Connections refused beyond [`HttpServerConfig::max_concurrent`]
-    /// (503, or closed).
+    /// (503, or closed) or [`HttpServerConfig::max_per_peer`] (closed).
     pub fn busy(&self) -> u64 {
         self.inner.busy.load(Ordering::Relaxed)
     }
@@ -260,7 +292,8 @@ impl HttpServerCounters {
         self.inner.handled.load(Ordering::Relaxed)
     }
 
-    /// TLS handshakes that failed or did not finish in time (HTTPS only:
+    /// TLS handshakes that failed or did not finish within
+    /// [`HttpServerConfig::header_timeout`] (HTTPS only:
     /// a plain-HTTP request, an untrusted or missing client
     /// certificate...).
     pub fn handshakes_failed(&self) -> u64 {
@@ -277,10 +310,28 @@ impl HttpServerCounters {
 /// says `tls: true`, and over plain HTTP otherwise. Plain HTTP belongs on
 /// a private network.
 ///
-/// Bounded: requests of at most [`HttpServerConfig::max_request_bytes`],
-/// at most [`HttpServerConfig::max_concurrent`] at once (503 beyond), each
-/// within [`HttpServerConfig::request_timeout`]; one request per
-/// connection. The `Host` header is not read (Synapse sends
+/// Bounded ([`HttpServerConfig`], set with [`HttpServer::with_config`]),
+/// so that no peer can stall the catch-ups of the others:
+///
+/// - requests of at most [`HttpServerConfig::max_request_bytes`], one per
+///   connection;
+/// - at most [`HttpServerConfig::max_concurrent`] at once (503 beyond),
+///   and at most [`HttpServerConfig::max_per_peer`] connections open
+///   from one IP address (closed at once beyond);
+/// - the TLS handshake and the headers within
+///   [`HttpServerConfig::header_timeout`] of the accept (closed
+///   otherwise), the whole request within
+///   [`HttpServerConfig::request_timeout`];
+/// - a request under `/_synapse/replication/` without the secret
+///   (`Authorization: Bearer <worker_replication_secret>`, when the
+///   endpoint has one) is refused (401) as soon as its headers are in,
+///   before its body is read or any handler runs, and its connection
+///   closed;
+/// - refusals are logged (at `info`) at most five a minute, with the
+///   path cut short and never a header; the rest are counted (in
+///   [`HttpServerCounters`], and in a summary line of the log).
+///
+/// The `Host` header is not read (Synapse sends
 /// `Host: <instance_name>:80`). Other paths answer 404, or go to the
 /// application's handler ([`HttpServer::with_handler`]).
 ///
@@ -319,6 +370,8 @@ struct Shared {
     handler: Option<Arc<Handler>>,
     config: HttpServerConfig,
     counters: HttpServerCounters,
+    /// How much of the refusals reaches the log.
+    log: Mutex<RefusalLog>,
     /// HTTPS: each connection's handshake.
     #[cfg(feature = "tls")]
     tls: Option<futures_rustls::TlsAcceptor>,
@@ -365,6 +418,7 @@ impl<R: Runtime> HttpServer<R> {
                 handler: None,
                 config: HttpServerConfig::default(),
                 counters: HttpServerCounters::default(),
+                log: Mutex::new(RefusalLog::default()),
                 #[cfg(feature = "tls")]
                 tls: None,
             }),
@@ -380,7 +434,10 @@ impl<R: Runtime> HttpServer<R> {
 
     /// Requests for any other path go to `handler` (an application's own
     /// routes on the same listener), with their body read whole; without
-    /// one they answer 404 as Synapse does.
+    /// one they answer 404 as Synapse does. Under
+    /// `/_synapse/replication/` only requests with the endpoint's secret
+    /// reach it (others are answered 401 from their headers); other paths
+    /// (a health check...) reach it as they come.
     #[must_use]
     pub fn with_handler<F>(mut self, handler: F) -> HttpServer<R>
     where
@@ -391,8 +448,10 @@ impl<R: Runtime> HttpServer<R> {
     }
 
     /// Serves HTTPS: the certificate and key are loaded, and rustls
-    /// configured, now; each connection's handshake must then finish
-    /// within its [`HttpServerConfig::request_timeout`]. Fails with
+    /// configured, now; each connection's handshake must then finish,
+    /// and its headers arrive, within [`HttpServerConfig::header_timeout`]
+    /// of its accept; the handshake counts against
+    /// [`HttpServerConfig::max_per_peer`] like any connection. Fails with
     /// [`HttpServerTlsError::Unavailable`] in a build without the `tls`
     /// feature, and with the file or the reason for a certificate or key
     /// that does not do.
@@ -437,15 +496,20 @@ impl<R: Runtime> HttpServer<R> {
             mut listener,
             shared,
         } = self;
-        let active = Arc::new(AtomicUsize::new(0));
-        let mut connections: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
-        let mut refusals: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
+        let mut slots = PeerSlots::new(shared.config.max_per_peer);
+        // Each ends with the peer address whose slot it held.
+        let mut connections: FuturesUnordered<BoxFuture<'static, IpAddr>> = FuturesUnordered::new();
+        let mut refusals: FuturesUnordered<BoxFuture<'static, IpAddr>> = FuturesUnordered::new();
         let mut pause: Option<BoxFuture<'static, ()>> = None;
         let mut accepted: VecDeque<(BoxConnection, SocketAddr)> = VecDeque::new();
         poll_fn(|cx| {
             loop {
-                while let Poll::Ready(Some(())) = connections.poll_next_unpin(cx) {}
-                while let Poll::Ready(Some(())) = refusals.poll_next_unpin(cx) {}
+                while let Poll::Ready(Some(ip)) = connections.poll_next_unpin(cx) {
+                    slots.release(ip);
+                }
+                while let Poll::Ready(Some(ip)) = refusals.poll_next_unpin(cx) {
+                    slots.release(ip);
+                }
                 if let Some(sleep) = &mut pause {
                     if sleep.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
@@ -465,22 +529,33 @@ impl<R: Runtime> HttpServer<R> {
                 let Some((socket, peer)) = accepted.pop_front() else {
                     return Poll::Pending;
                 };
+                let ip = peer.ip();
+                if !slots.take(ip) {
+                    // The peer holds its share already: not a moment more.
+                    shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
+                    shared.log_refusal(&*runtime, peer, Refusal::PeerLimit);
+                    drop(socket);
+                    continue;
+                }
                 let max = shared.config.max_concurrent;
-                if active.load(Ordering::Relaxed) < max {
-                    active.fetch_add(1, Ordering::Relaxed);
-                    let done = Arc::clone(&active);
+                if connections.len() < max {
                     let work = serve(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
                     connections.push(Box::pin(async move {
                         work.await;
-                        done.fetch_sub(1, Ordering::Relaxed);
+                        ip
                     }));
                 } else {
                     shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, "replication HTTP server busy: refusing");
+                    shared.log_refusal(&*runtime, peer, Refusal::Busy);
                     if refusals.len() < max {
                         let refusal =
                             refuse(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
-                        refusals.push(Box::pin(refusal));
+                        refusals.push(Box::pin(async move {
+                            refusal.await;
+                            ip
+                        }));
+                    } else {
+                        slots.release(ip);
                     }
                 }
             }
@@ -489,21 +564,30 @@ impl<R: Runtime> HttpServer<R> {
     }
 }
 
-/// One connection: one request, within the time limit.
+/// One connection: one request, its handshake and headers within the
+/// header timeout, all of it within the request timeout.
 async fn serve<R: Runtime>(
     runtime: Arc<R>,
     shared: Arc<Shared>,
     socket: BoxConnection,
     peer: SocketAddr,
 ) {
-    let deadline = runtime.now() + shared.config.request_timeout;
-    let Some(socket) = shared.secure(&*runtime, socket, peer, deadline).await else {
+    let accepted = runtime.now();
+    let config = &shared.config;
+    let deadline = accepted + config.request_timeout;
+    let headers_by = accepted + config.header_timeout.min(config.request_timeout);
+    let Some(socket) = shared.secure(&*runtime, socket, peer, headers_by).await else {
         return;
     };
-    let max_buf = shared.config.max_request_bytes.max(MIN_BUFFER);
+    let max_buf = config.max_request_bytes.max(MIN_BUFFER);
+    // hyper calls the service once the headers are in.
+    let headers_in = Arc::new(AtomicBool::new(false));
     let service = {
         let runtime = Arc::clone(&runtime);
+        let shared = Arc::clone(&shared);
+        let headers_in = Arc::clone(&headers_in);
         service_fn(move |request| {
+            headers_in.store(true, Ordering::Relaxed);
             let shared = Arc::clone(&shared);
             let runtime = Arc::clone(&runtime);
             async move {
@@ -517,15 +601,33 @@ async fn serve<R: Runtime>(
         .max_buf_size(max_buf)
         .max_headers(100)
         .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
-    let connection = pin!(connection);
-    // A little longer than the answer's own deadline, to send a 504.
-    let cut = runtime.sleep_until(deadline + Duration::from_secs(1));
-    match future::select(connection, cut).await {
-        Either::Left((Err(error), _)) => {
-            tracing::debug!(%peer, %error, "replication HTTP connection failed")
+    let mut connection = pin!(connection);
+    let early = runtime.sleep_until(headers_by);
+    let done = match future::select(connection.as_mut(), early).await {
+        Either::Left((done, _)) => Some(done),
+        Either::Right(((), _)) if !headers_in.load(Ordering::Relaxed) => {
+            let counts = &shared.counters.inner;
+            counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+            shared.log_refusal(&*runtime, peer, Refusal::HeaderTimeout);
+            return;
         }
-        Either::Left((Ok(()), _)) => {}
-        Either::Right(((), _)) => tracing::debug!(%peer, "replication HTTP connection timed out"),
+        Either::Right(((), _)) => None,
+    };
+    let done = match done {
+        Some(done) => Some(done),
+        // A little longer than the answer's own deadline, to send a 504.
+        None => {
+            let cut = runtime.sleep_until(deadline + Duration::from_secs(1));
+            match future::select(connection, cut).await {
+                Either::Left((done, _)) => Some(done),
+                Either::Right(((), _)) => None,
+            }
+        }
+    };
+    match done {
+        Some(Err(error)) => tracing::debug!(%peer, %error, "replication HTTP connection failed"),
+        Some(Ok(())) => {}
+        None => tracing::debug!(%peer, "replication HTTP connection timed out"),
     }
 }
 
@@ -536,7 +638,8 @@ async fn refuse<R: Runtime>(
     socket: BoxConnection,
     peer: SocketAddr,
 ) {
-    let deadline = runtime.now() + REFUSAL_TIMEOUT;
+    let timeout = REFUSAL_TIMEOUT.min(shared.config.header_timeout);
+    let deadline = runtime.now() + timeout;
     let Some(socket) = shared.secure(&*runtime, socket, peer, deadline).await else {
         return;
     };
@@ -552,6 +655,22 @@ async fn refuse<R: Runtime>(
         .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
     let cut = runtime.sleep_until(deadline);
     let _ = future::select(pin!(connection), cut).await;
+}
+
+/// Why a request or connection was refused, as logged.
+enum Refusal<'a> {
+    /// The request was read, and refused (`error` says why).
+    Request {
+        path: &'a str,
+        error: &'a EndpointError,
+    },
+    /// The peer held [`HttpServerConfig::max_per_peer`] connections.
+    PeerLimit,
+    /// [`HttpServerConfig::max_concurrent`] requests were in flight.
+    Busy,
+    /// The handshake and headers took longer than
+    /// [`HttpServerConfig::header_timeout`].
+    HeaderTimeout,
 }
 
 /// The answer as hyper sends it: JSON, never cached.
@@ -634,19 +753,15 @@ impl Shared {
             }
             Ok(Routed::Fetch(request)) => request,
             Err(EndpointError::NotFound) if self.handler.is_some() => {
+                // Another replication route: its secret before its body.
+                if request.uri().path().starts_with(REPLICATION_PREFIX) {
+                    if let Err(error) = self.authorize(request.headers()) {
+                        return self.refused(runtime, &request, peer, &error);
+                    }
+                }
                 return self.handle(runtime, request, peer, deadline).await;
             }
-            Err(error) => {
-                let counter = match error {
-                    EndpointError::MissingAuthorization
-                    | EndpointError::TooManyAuthorizations
-                    | EndpointError::InvalidAuthorization => &counts.refused_secret,
-                    _ => &counts.bad_requests,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(%peer, path = request.uri().path(), %error, "refused replication request");
-                return (error.status(), error.body());
-            }
+            Err(error) => return self.refused(runtime, &request, peer, &error),
         };
         tracing::debug!(%peer, request = %request_out, "catch-up request");
         let fetch = self.source.fetch(request_out.clone());
@@ -666,6 +781,95 @@ impl Shared {
                 tracing::warn!(%peer, request = %request_out, "catch-up source timed out");
                 (504, HttpResponse::error(504, "M_UNKNOWN", "Timed out").body)
             }
+        }
+    }
+
+    /// The endpoint's secret check, for a request to another replication
+    /// route: the catch-up route's, with this request's `Authorization`
+    /// headers (any error but theirs means the secret passed).
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), EndpointError> {
+        let authorization = headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .map(HeaderValue::as_bytes);
+        match self
+            .endpoint
+            .route("GET", SECRET_PROBE, None, authorization)
+        {
+            Err(
+                error @ (EndpointError::MissingAuthorization
+                | EndpointError::TooManyAuthorizations
+                | EndpointError::InvalidAuthorization),
+            ) => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    /// The answer to a request refused for `error`, counted and logged.
+    fn refused<R: Runtime, B>(
+        &self,
+        runtime: &R,
+        request: &hyper::Request<B>,
+        peer: SocketAddr,
+        error: &EndpointError,
+    ) -> (u16, String) {
+        let counts = &self.counters.inner;
+        let counter = match error {
+            EndpointError::MissingAuthorization
+            | EndpointError::TooManyAuthorizations
+            | EndpointError::InvalidAuthorization => &counts.refused_secret,
+            _ => &counts.bad_requests,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let path = request.uri().path();
+        self.log_refusal(runtime, peer, Refusal::Request { path, error });
+        (error.status(), error.body())
+    }
+
+    /// Logs a refusal, unless this minute's few are logged already; never
+    /// a header, and the path cut short.
+    fn log_refusal<R: Runtime>(&self, runtime: &R, peer: SocketAddr, refusal: Refusal<'_>) {
+        let verdict = self
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(runtime.now());
+        let unlogged = match verdict {
+            Verdict::Log { unlogged } => unlogged,
+            Verdict::FirstUnlogged => {
+                tracing::info!(
+                    "more replication HTTP refusals this minute: counted, not logged (at most {LOG_BURST} are logged every {}s)",
+                    LOG_WINDOW.as_secs()
+                );
+                return;
+            }
+            Verdict::Unlogged => return,
+        };
+        if unlogged > 0 {
+            tracing::info!(
+                unlogged,
+                "replication HTTP refusals were counted but not logged"
+            );
+        }
+        match refusal {
+            Refusal::Request { path, error } => {
+                let path = short_path(path);
+                tracing::info!(%peer, path = path.as_str(), %error, "refused replication request");
+            }
+            Refusal::PeerLimit => tracing::info!(
+                %peer,
+                max_per_peer = self.config.max_per_peer,
+                "replication HTTP connection refused: the peer holds its share of connections"
+            ),
+            Refusal::Busy => tracing::info!(
+                %peer,
+                max_concurrent = self.config.max_concurrent,
+                "replication HTTP server busy: refusing"
+            ),
+            Refusal::HeaderTimeout => tracing::info!(
+                %peer,
+                "replication HTTP connection closed: its headers were not in within the header timeout"
+            ),
         }
     }
 
