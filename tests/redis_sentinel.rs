@@ -26,8 +26,9 @@ use common::nodes::{Process, run_until};
 use common::redis_server::{RedisServer, TempDir};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, RowSource, Writer};
 use synapse_replication::resp::{Frame, RespDecoder, encode_command};
+use synapse_replication::session::AllowedMasters;
 use synapse_replication::session::{
-    DiscoveryError, MasterAddr, NodeRole, RedisSession, SentinelError,
+    DiscoveryError, MasterAddr, NodeRole, RedisAuth, RedisSession, SentinelError,
 };
 use synapse_replication::transport::{
     BoxError, CatchUpSource, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig,
@@ -746,4 +747,163 @@ fn a_sentinel_that_names_a_replica_is_caught_by_the_role_check() {
         assert_eq!(our_clients(cluster.replica.port()), Vec::<String>::new());
         assert_eq!(our_clients(cluster.master.port()).len(), 2);
     });
+}
+
+/// What a [`FakeNode`] was sent: connections accepted and every byte.
+#[derive(Default)]
+struct Heard {
+    connections: usize,
+    bytes: Vec<u8>,
+}
+
+/// A node a lying sentinel can name: it records what it receives and
+/// answers each command as `role` would (`ROLE` with that role, anything
+/// else `+OK`).
+fn fake_node(role: &'static str) -> (u16, Arc<Mutex<Heard>>) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a port");
+    let port = listener.local_addr().expect("addr").port();
+    let heard: Arc<Mutex<Heard>> = Arc::default();
+    let shared = heard.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            shared.lock().expect("heard").connections += 1;
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let mut decoder = RespDecoder::new();
+                let mut input = BytesMut::new();
+                let mut buf = [0; 4096];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    shared
+                        .lock()
+                        .expect("heard")
+                        .bytes
+                        .extend_from_slice(&buf[..n]);
+                    input.extend_from_slice(&buf[..n]);
+                    while let Ok(Some(frame)) = decoder.decode(&mut input) {
+                        let name = frame
+                            .elements()
+                            .and_then(<[Frame]>::first)
+                            .map(text)
+                            .unwrap_or_default();
+                        let answer = if name.eq_ignore_ascii_case("ROLE") {
+                            format!("*3\r\n${}\r\n{role}\r\n:0\r\n*0\r\n", role.len())
+                        } else {
+                            "+OK\r\n".to_owned()
+                        };
+                        if stream.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, heard)
+}
+
+const MASTER_PASSWORD: &str = "master-password-42";
+
+fn heard_password(heard: &Mutex<Heard>) -> bool {
+    let heard = heard.lock().expect("heard");
+    heard
+        .bytes
+        .windows(MASTER_PASSWORD.len())
+        .any(|window| window == MASTER_PASSWORD.as_bytes())
+}
+
+#[test]
+fn a_node_a_sentinel_names_gets_no_password_until_it_says_master() {
+    let (node_port, heard) = fake_node("slave");
+    let liar = lying_sentinel(node_port);
+    let runtime: Rt = Arc::new(SmolRuntime);
+    let config = RedisConfig::sentinel(SERVICE, [("127.0.0.1", liar)])
+        .with_auth(RedisAuth {
+            username: None,
+            password: MASTER_PASSWORD.to_owned(),
+        })
+        .with_connect_timeout(Duration::from_secs(2));
+    smol::block_on(async {
+        let mut node = Node::new("master", runtime.clone(), config, None);
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "two failed rounds",
+            PATIENCE,
+            |nodes| nodes[0].discovery_failures.len() >= 2,
+        )
+        .await;
+        let error = &node.discovery_failures[0];
+        assert!(
+            matches!(
+                &error.failures[..],
+                [(
+                    0,
+                    SentinelError::NotMaster {
+                        role: NodeRole::Replica,
+                        ..
+                    }
+                )]
+            ),
+            "{error}"
+        );
+    });
+    let connections = heard.lock().expect("heard").connections;
+    assert!(
+        connections >= 2,
+        "the node was asked its role: {connections}"
+    );
+    assert!(
+        !heard_password(&heard),
+        "the node the sentinel named got the password: {:?}",
+        String::from_utf8_lossy(&heard.lock().expect("heard").bytes)
+    );
+}
+
+#[test]
+fn a_sentinel_that_names_a_node_outside_the_allowed_masters_is_refused_and_it_is_never_dialled() {
+    // The node would say `master` and take the password.
+    let (node_port, heard) = fake_node("master");
+    let liar = lying_sentinel(node_port);
+    let runtime: Rt = Arc::new(SmolRuntime);
+    let config = RedisConfig::sentinel(SERVICE, [("127.0.0.1", liar)])
+        .with_auth(RedisAuth {
+            username: None,
+            password: MASTER_PASSWORD.to_owned(),
+        })
+        .with_sentinel_allowed_masters(AllowedMasters::parse(["10.0.0.0/8"]).expect("parses"))
+        .with_connect_timeout(Duration::from_secs(2));
+    smol::block_on(async {
+        let mut node = Node::new("master", runtime.clone(), config, None);
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "two failed rounds",
+            PATIENCE,
+            |nodes| nodes[0].discovery_failures.len() >= 2,
+        )
+        .await;
+        let error = &node.discovery_failures[0];
+        assert!(
+            matches!(
+                &error.failures[..],
+                [(0, SentinelError::NotAllowed { addr })] if addr.port == node_port
+            ),
+            "{error}"
+        );
+        let message = &node.connect_failures[0];
+        assert!(
+            message.contains(&format!(
+                "named 127.0.0.1:{node_port} as the master, which is not an allowed master"
+            )),
+            "{message}"
+        );
+        assert!(node.ready.is_empty());
+    });
+    let heard = heard.lock().expect("heard");
+    assert_eq!(heard.connections, 0, "the node was dialled");
+    assert!(heard.bytes.is_empty());
 }

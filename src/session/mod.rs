@@ -108,8 +108,8 @@ pub use redis::{
     RedisSession, RedisSessionConfig, RedisStats,
 };
 pub use sentinel::{
-    DiscoveryError, DiscoveryStep, MasterAddr, NodeRole, SentinelDiscovery, SentinelError,
-    SentinelTarget, SentinelWatch, WatchEvent,
+    AllowListError, AllowedMasters, DiscoveryError, DiscoveryStep, MasterAddr, NodeRole,
+    SentinelDiscovery, SentinelError, SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 pub use tcp::{

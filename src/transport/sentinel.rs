@@ -196,7 +196,8 @@ impl MasterSearch {
             first,
             sentinel.auth().cloned(),
             config.auth().cloned(),
-        );
+        )
+        .with_allowed_masters(sentinel.allowed_masters().clone());
         Some(MasterSearch {
             config: config.clone(),
             round,
@@ -443,7 +444,13 @@ impl SentinelWatcher {
                                 .sentinel_config()
                                 .map(|s| s.service_name().to_owned())
                                 .unwrap_or_default();
-                            let mut watch = SentinelWatch::new(service, auth);
+                            let allowed = self
+                                .config
+                                .sentinel_config()
+                                .map(|s| s.allowed_masters().clone())
+                                .unwrap_or_default();
+                            let mut watch =
+                                SentinelWatch::new(service, auth).with_allowed_masters(allowed);
                             watch.connected(now);
                             self.state = WatchState::Watching(Box::new(Watching {
                                 wire: Wire::new(io),

@@ -9,8 +9,8 @@ use crate::resp::Incoming;
 use super::RedisAuth;
 
 use super::{
-    DiscoveryError, DiscoveryStep, Exchange, Expect, MasterAddr, NodeRole, SentinelError,
-    SentinelTarget, error_reply, parse_master_addr, parse_role,
+    AllowedMasters, DiscoveryError, DiscoveryStep, Exchange, Expect, MasterAddr, NodeRole,
+    SentinelError, SentinelTarget, error_reply, parse_master_addr, parse_role,
 };
 
 /// One round of master discovery over a deployment's sentinels (see the
@@ -32,11 +32,20 @@ use super::{
 ///
 /// Each sentinel is asked at most once per round, so a round ends after at
 /// most two connections per sentinel.
+///
+/// A sentinel may name only a node the [`AllowedMasters`] allow (by
+/// default the private address ranges; see
+/// [`with_allowed_masters`](Self::with_allowed_masters)); the node is
+/// asked `ROLE` before it is sent any credentials, and sent them only if
+/// it refuses to answer without.
 #[derive(Debug)]
 pub struct SentinelDiscovery {
     service: String,
     sentinel_auth: Option<RedisAuth>,
     master_auth: Option<RedisAuth>,
+    allowed: AllowedMasters,
+    /// Whether the node being checked was sent the credentials.
+    sent_master_auth: bool,
     count: usize,
     first: usize,
     /// Sentinels asked so far (the current one included).
@@ -79,6 +88,8 @@ impl SentinelDiscovery {
             service: service.into(),
             sentinel_auth,
             master_auth,
+            allowed: AllowedMasters::default(),
+            sent_master_auth: false,
             count: sentinels,
             first: first.checked_rem(sentinels).unwrap_or(0),
             asked: 0,
@@ -87,6 +98,16 @@ impl SentinelDiscovery {
             checking_for: None,
             exchange: Exchange::new(),
         }
+    }
+
+    /// Only nodes these allow may be taken for the master (default
+    /// [`AllowedMasters::private_networks`]); a sentinel that names
+    /// another fails with [`SentinelError::NotAllowed`], and the node is
+    /// not connected to.
+    #[must_use]
+    pub fn with_allowed_masters(mut self, allowed: AllowedMasters) -> SentinelDiscovery {
+        self.allowed = allowed;
+        self
     }
 
     /// What to do next; `None` while waiting for I/O, and once the round
@@ -157,7 +178,9 @@ impl SentinelDiscovery {
                 self.state = RoundState::Asking(sentinel);
             }
             SentinelTarget::Master(addr) => {
-                self.exchange.auth(self.master_auth.as_ref());
+                // The role first: credentials go only to a node that will
+                // not say without them.
+                self.sent_master_auth = false;
                 self.exchange.ask(&[b"ROLE"], Expect::Role);
                 let sentinel = self.checking_for.take().unwrap_or_default();
                 self.state = RoundState::Checking(sentinel, addr);
@@ -226,6 +249,9 @@ impl SentinelDiscovery {
                         return;
                     };
                     match parse_master_addr(&frame, &self.service) {
+                        Ok(addr) if !self.allowed.allows(&addr.host) => {
+                            self.fail(SentinelError::NotAllowed { addr });
+                        }
                         Ok(addr) => {
                             self.checking_for = Some(sentinel);
                             self.state = RoundState::Step(DiscoveryStep::Connect(
@@ -243,6 +269,18 @@ impl SentinelDiscovery {
                         return;
                     };
                     match parse_role(&frame) {
+                        Err(SentinelError::Refused(error))
+                            if !self.sent_master_auth
+                                && self.master_auth.is_some()
+                                && matches!(error.code.as_str(), "NOAUTH" | "NOPERM") =>
+                        {
+                            // It will not say without the credentials: the
+                            // allow list is what vouched for it.
+                            self.sent_master_auth = true;
+                            self.exchange.auth(self.master_auth.as_ref());
+                            self.exchange.ask(&[b"ROLE"], Expect::Role);
+                            self.state = RoundState::Checking(sentinel, addr);
+                        }
                         Ok(NodeRole::Master) => {
                             self.state = RoundState::Step(DiscoveryStep::Found {
                                 master: addr,

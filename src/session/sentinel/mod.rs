@@ -13,14 +13,23 @@
 //! One round asks the sentinels in turn, starting with the one that
 //! answered last time: `SENTINEL get-master-addr-by-name <service>` on a
 //! connection to the sentinel (after `AUTH` with the sentinels'
-//! credentials), then `ROLE` on a connection to the node it names (after
-//! `AUTH` with the data nodes' credentials). Only a node that says
-//! `master` is taken, and the connection that asked it is the one to use:
-//! no other connection is opened between the check and its use. A
-//! sentinel that is down, does not know the service, answers nonsense or
-//! names a node that is down or a replica is noted, and the next one is
-//! asked. When none is left the round fails with every sentinel's reason
-//! ([`DiscoveryError`]).
+//! credentials). A node outside the [`AllowedMasters`] (by default: any
+//! address outside the private ranges, and any host name) is refused
+//! there, and never connected to. Otherwise `ROLE` is asked on a
+//! connection to the node it names, *before* `AUTH`; only when the node
+//! refuses it without credentials (`NOAUTH`, `NOPERM`: a Redis with
+//! `requirepass` does) are the data nodes' credentials sent, and `ROLE`
+//! asked again. So a node that answers `ROLE` unauthenticated (a Redis
+//! whose `default` user may run it) and is not the master never sees the
+//! password; against one that demands the password first, only the allow
+//! list (and, with TLS, the certificate) protects it.
+//!
+//! Only a node that says `master` is taken, and the connection that asked
+//! it is the one to use: no other connection is opened between the check
+//! and its use. A sentinel that is down, does not know the service,
+//! answers nonsense or names a node that is not allowed, is down or is a
+//! replica is noted, and the next one is asked. When none is left the
+//! round fails with every sentinel's reason ([`DiscoveryError`]).
 //!
 //! ```
 //! use synapse_replication::session::{DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelTarget};
@@ -44,15 +53,19 @@
 //! A [`SentinelWatch`] subscribes to a sentinel's `+switch-master`
 //! channel; each switch of the service is reported at once, so that a
 //! failover is acted on within a round trip of the sentinel's announcement
-//! rather than at the next keep-alive. It pings every
+//! rather than at the next keep-alive. A switch to a node outside the
+//! [`AllowedMasters`] fails the watch ([`SentinelError::NotAllowed`]):
+//! that sentinel is not listened to any more. It pings every
 //! [`SentinelWatch::PING_INTERVAL`] and gives the connection up when a
 //! reply is [`SentinelWatch::PING_TIMEOUT`] late.
 //!
 //! `discovery` finds the master; `watch` hears the failovers.
 
+mod allow;
 mod discovery;
 mod watch;
 
+pub use allow::{AllowListError, AllowedMasters};
 pub use discovery::SentinelDiscovery;
 pub use watch::{SentinelWatch, WatchEvent};
 
@@ -144,6 +157,16 @@ pub enum SentinelError {
     /// The sentinel does not monitor a master of that name.
     #[error("sentinel knows no master named {0:?}")]
     UnknownMaster(String),
+    /// The sentinel named a node outside the
+    /// [`AllowedMasters`]: it was not connected to.
+    #[error(
+        "named {addr} as the master, which is not an allowed master \
+         (allow it in the sentinel configuration's allowed masters if it is yours)"
+    )]
+    NotAllowed {
+        /// The node it named.
+        addr: MasterAddr,
+    },
     /// The sentinel or the node answered with an error (`WRONGPASS`,
     /// `NOAUTH`, `NOPERM`, ...).
     #[error("refused: {0}")]
@@ -566,8 +589,8 @@ mod tests {
         expect_connect(&mut round, SentinelTarget::Sentinel(1));
         round.timed_out();
         expect_connect(&mut round, SentinelTarget::Sentinel(0));
-        answer(&mut round, &bulk_array(&["h", "1"]));
-        expect_connect(&mut round, SentinelTarget::Master(addr("h", 1)));
+        answer(&mut round, &bulk_array(&["10.0.0.3", "1"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.3", 1)));
         round.connect_failed("closed");
         let Some(DiscoveryStep::Failed(error)) = round.poll_step() else {
             panic!("fails");
@@ -578,6 +601,146 @@ mod tests {
                 (1, SentinelError::Timeout),
                 (0, SentinelError::Unreachable("closed".to_owned()))
             ]
+        );
+    }
+
+    #[test]
+    fn a_node_outside_the_allow_list_is_never_connected_to() {
+        let allowed = AllowedMasters::parse(["10.1.0.0/16", "redis.internal"]).expect("parses");
+        let mut round =
+            SentinelDiscovery::new("m", 3, 0, None, None).with_allowed_masters(allowed.clone());
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["10.2.0.1", "6379"]));
+        // Straight on to the next sentinel: no connection to 10.2.0.1.
+        expect_connect(&mut round, SentinelTarget::Sentinel(1));
+        answer(&mut round, &bulk_array(&["evil.example", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Sentinel(2));
+        answer(&mut round, &bulk_array(&["REDIS.internal", "6379"]));
+        expect_connect(
+            &mut round,
+            SentinelTarget::Master(addr("REDIS.internal", 6379)),
+        );
+        assert_eq!(
+            round.failures(),
+            [
+                (
+                    0,
+                    SentinelError::NotAllowed {
+                        addr: addr("10.2.0.1", 6379)
+                    }
+                ),
+                (
+                    1,
+                    SentinelError::NotAllowed {
+                        addr: addr("evil.example", 6379)
+                    }
+                )
+            ]
+        );
+        let message = round.failures()[0].1.to_string();
+        assert!(
+            message.contains("named 10.2.0.1:6379 as the master, which is not an allowed master"),
+            "{message}"
+        );
+        // The default: private addresses only.
+        let mut round = SentinelDiscovery::new("m", 1, 0, None, None);
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["203.0.113.5", "6379"]));
+        assert!(matches!(
+            round.poll_step(),
+            Some(DiscoveryStep::Failed(error))
+                if matches!(error.failures[..], [(0, SentinelError::NotAllowed { .. })])
+        ));
+    }
+
+    #[test]
+    fn the_role_is_asked_before_the_password_is_sent() {
+        let auth = RedisAuth {
+            username: None,
+            password: "pw".to_owned(),
+        };
+        // A node that answers ROLE unauthenticated never sees the password.
+        let mut round = SentinelDiscovery::new("m", 2, 0, None, Some(auth.clone()));
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["10.0.0.2", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.2", 6379)));
+        assert_eq!(
+            round.poll_transmit().as_deref(),
+            Some(&bulk_array(&["ROLE"])[..])
+        );
+        answer(
+            &mut round,
+            b"*3\r\n$5\r\nslave\r\n$8\r\n10.0.0.1\r\n:6379\r\n",
+        );
+        assert_eq!(round.poll_transmit(), None, "no AUTH to a replica");
+        // One that demands it first gets it, then is asked again.
+        expect_connect(&mut round, SentinelTarget::Sentinel(1));
+        answer(&mut round, &bulk_array(&["10.0.0.1", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.1", 6379)));
+        assert_eq!(
+            round.poll_transmit().as_deref(),
+            Some(&bulk_array(&["ROLE"])[..])
+        );
+        answer(&mut round, b"-NOAUTH Authentication required.\r\n");
+        assert_eq!(round.poll_step(), None);
+        let mut expected = bulk_array(&["AUTH", "pw"]);
+        expected.extend_from_slice(&bulk_array(&["ROLE"]));
+        assert_eq!(round.poll_transmit().as_deref(), Some(&expected[..]));
+        answer(&mut round, b"+OK\r\n*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n");
+        assert_eq!(
+            round.poll_step(),
+            Some(DiscoveryStep::Found {
+                master: addr("10.0.0.1", 6379),
+                sentinel: 1
+            })
+        );
+        // Refused twice, or refused with no credentials to give: a failure.
+        let mut round = SentinelDiscovery::new("m", 1, 0, None, None);
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["10.0.0.1", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.1", 6379)));
+        answer(&mut round, b"-NOAUTH Authentication required.\r\n");
+        assert!(matches!(
+            round.poll_step(),
+            Some(DiscoveryStep::Failed(error))
+                if matches!(&error.failures[..], [(0, SentinelError::Refused(reply))] if reply.code == "NOAUTH")
+        ));
+        let mut round = SentinelDiscovery::new("m", 1, 0, None, Some(auth));
+        expect_connect(&mut round, SentinelTarget::Sentinel(0));
+        answer(&mut round, &bulk_array(&["10.0.0.1", "6379"]));
+        expect_connect(&mut round, SentinelTarget::Master(addr("10.0.0.1", 6379)));
+        answer(&mut round, b"-NOAUTH Authentication required.\r\n");
+        let _ = round.poll_transmit();
+        answer(&mut round, b"+OK\r\n-NOPERM no\r\n");
+        assert!(matches!(round.poll_step(), Some(DiscoveryStep::Failed(_))));
+    }
+
+    #[test]
+    fn a_switch_to_a_node_outside_the_allow_list_fails_the_watch() {
+        let now = Instant::now();
+        let mut watch = SentinelWatch::new("m", None)
+            .with_allowed_masters(AllowedMasters::parse(["10.0.0.0/8"]).expect("parses"));
+        watch.connected(now);
+        watch.handle_input(
+            b"*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n",
+            now,
+        );
+        let ok = bulk_array(&["message", "+switch-master", "m 10.0.0.1 1 10.0.0.2 2"]);
+        let other = bulk_array(&["message", "+switch-master", "x 10.0.0.1 1 8.8.8.8 2"]);
+        let bad = bulk_array(&["message", "+switch-master", "m 10.0.0.2 2 8.8.8.8 2"]);
+        for input in [ok, other, bad] {
+            watch.handle_input(&input, now);
+        }
+        assert_eq!(watch.poll_event(), Some(WatchEvent::Watching));
+        assert!(matches!(
+            watch.poll_event(),
+            Some(WatchEvent::Switched { .. })
+        ));
+        assert_eq!(
+            watch.poll_event(),
+            Some(WatchEvent::Failed(SentinelError::NotAllowed {
+                addr: addr("8.8.8.8", 2)
+            }))
         );
     }
 

@@ -10,8 +10,8 @@ use crate::resp::{Incoming, SubscriptionKind, encode_ping, encode_subscribe};
 use super::RedisAuth;
 
 use super::{
-    Exchange, Expect, MasterAddr, SWITCH_MASTER_CHANNEL, SentinelError, error_reply, malformed,
-    parse_switch, short,
+    AllowedMasters, Exchange, Expect, MasterAddr, SWITCH_MASTER_CHANNEL, SentinelError,
+    error_reply, malformed, parse_switch, short,
 };
 
 /// What a [`SentinelWatch`] heard.
@@ -29,7 +29,8 @@ pub enum WatchEvent {
         to: MasterAddr,
     },
     /// The watch gave the connection up: close it and watch through
-    /// another sentinel.
+    /// another sentinel. A switch to a node outside the
+    /// [`AllowedMasters`] is [`SentinelError::NotAllowed`].
     Failed(SentinelError),
 }
 
@@ -46,6 +47,7 @@ pub enum WatchEvent {
 #[derive(Debug)]
 pub struct SentinelWatch {
     service: String,
+    allowed: AllowedMasters,
     exchange: Exchange,
     events: VecDeque<WatchEvent>,
     failed: bool,
@@ -67,12 +69,22 @@ impl SentinelWatch {
         exchange.auth(auth);
         SentinelWatch {
             service: service.into(),
+            allowed: AllowedMasters::default(),
             exchange,
             events: VecDeque::new(),
             failed: false,
             ping_at: None,
             pong_by: None,
         }
+    }
+
+    /// Switches only to nodes these allow are reported (default
+    /// [`AllowedMasters::private_networks`]); one to another node fails
+    /// the watch with [`SentinelError::NotAllowed`].
+    #[must_use]
+    pub fn with_allowed_masters(mut self, allowed: AllowedMasters) -> SentinelWatch {
+        self.allowed = allowed;
+        self
     }
 
     /// The connection is up: `AUTH` (if any) and `SUBSCRIBE` are queued.
@@ -147,6 +159,11 @@ impl SentinelWatch {
                         continue;
                     }
                     match parse_switch(&message.payload) {
+                        Some((name, _, to))
+                            if name == self.service && !self.allowed.allows(&to.host) =>
+                        {
+                            return self.fail(SentinelError::NotAllowed { addr: to });
+                        }
                         Some((name, from, to)) if name == self.service => {
                             self.events.push_back(WatchEvent::Switched { from, to });
                         }

@@ -108,6 +108,15 @@ pub enum RedisConfigError {
     /// A sentinel configuration without the master's service name.
     #[error("redis sentinel configuration has no service name")]
     MissingServiceName,
+    /// An entry of the sentinels' allowed masters is not an IP address,
+    /// a network, a host name or `*.domain` (see
+    /// [`AllowedMasters::parse`](crate::session::AllowedMasters::parse)).
+    #[error("{0}")]
+    InvalidAllowedMaster(#[from] crate::session::AllowListError),
+    /// A server name to verify the master's certificate against was
+    /// given, but the master is not reached over TLS.
+    #[error("redis sentinel master server name given without tls to the master")]
+    MasterServerNameWithoutTls,
     /// rustls refused the configuration (a key that does not match its
     /// certificate, for instance).
     #[error("redis tls setup failed: {0}")]

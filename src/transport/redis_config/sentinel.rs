@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use crate::session::RedisAuth;
 use crate::session::sentinel::MAX_SENTINELS;
+use crate::session::{AllowedMasters, RedisAuth};
 
 use super::endpoint::RedisEndpoint;
 use super::url::{credentials, parse_authority_with, parse_database, percent_decode};
@@ -20,12 +20,14 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 ///
 /// Made by [`RedisConfig::sentinel`], a `redis+sentinel://` URL, or
 /// Synapse's `redis:` section with `sentinels:`. Its [`Debug`] output
-/// hides the password.
+/// hides the password. What it trusts the sentinels with is in
+/// [`RedisConfig::sentinel`].
 #[derive(Clone)]
 pub struct SentinelConfig {
     pub(super) service_name: String,
     pub(super) sentinels: Vec<RedisEndpoint>,
     pub(super) auth: Option<RedisAuth>,
+    pub(super) allowed_masters: AllowedMasters,
     pub(super) tls: Option<TlsConfig>,
     pub(crate) tls_client: TlsClient,
 }
@@ -36,6 +38,7 @@ impl fmt::Debug for SentinelConfig {
             .field("service_name", &self.service_name)
             .field("sentinels", &self.sentinels)
             .field("auth", &self.auth)
+            .field("allowed_masters", &self.allowed_masters)
             .field("tls", &self.tls)
             .finish()
     }
@@ -46,6 +49,7 @@ impl PartialEq for SentinelConfig {
         self.service_name == other.service_name
             && self.sentinels == other.sentinels
             && self.auth == other.auth
+            && self.allowed_masters == other.allowed_masters
             && self.tls == other.tls
     }
 }
@@ -69,6 +73,12 @@ impl SentinelConfig {
     /// ACL user of theirs), if any.
     pub fn auth(&self) -> Option<&RedisAuth> {
         self.auth.as_ref()
+    }
+
+    /// The nodes the sentinels may name as the master (default
+    /// [`AllowedMasters::private_networks`]).
+    pub fn allowed_masters(&self) -> &AllowedMasters {
+        &self.allowed_masters
     }
 
     /// TLS to the sentinels, if on.
@@ -108,6 +118,75 @@ impl RedisConfig {
     /// [`RedisConfig::with_sentinel_auth`] and
     /// [`RedisConfig::with_sentinel_tls`]. [`RedisConfig::endpoint`] is
     /// the first sentinel.
+    ///
+    /// # What the sentinels are trusted with
+    ///
+    /// A sentinel says where the master is; the client then connects
+    /// there and (for a Redis with `requirepass`) sends it the data
+    /// nodes' password, and takes the rows it sends. Whoever can answer
+    /// as a sentinel (a compromised sentinel, or anyone on the path to one
+    /// reached without TLS) could name a host of their own. What bounds
+    /// it:
+    ///
+    /// - **The allowed masters**
+    ///   ([`RedisConfig::with_sentinel_allowed_masters`], URL parameter
+    ///   `allowed_masters`, Synapse key `sentinel_allowed_masters`): a
+    ///   named node outside them is refused
+    ///   ([`SentinelError::NotAllowed`](crate::session::SentinelError::NotAllowed),
+    ///   in the [`DiscoveryError`](crate::session::DiscoveryError) of a
+    ///   [`RedisClientEvent::ConnectFailed`](crate::transport::RedisClientEvent::ConnectFailed))
+    ///   and never connected to; a `+switch-master` to one is not acted
+    ///   on, and that sentinel is no longer listened to
+    ///   ([`SentinelEvent::WatchLost`](crate::transport::SentinelEvent::WatchLost)).
+    ///   **By default only IP literals in the private, loopback, shared,
+    ///   link-local and unique-local ranges are allowed**: no public
+    ///   address and no host name. The sentinels' own addresses and the
+    ///   service name are not taken as a reason to trust anything more.
+    ///   So, by default, a lying sentinel can send the client to any node
+    ///   of the private network, never out of it; list the master's hosts
+    ///   or networks to bound it to those (and to allow the host names of
+    ///   `announce-hostnames yes`).
+    /// - **The `ROLE` check**: the node is asked `ROLE` before it is sent
+    ///   the password, and taken only if it says `master`. A Redis with
+    ///   `requirepass` (or whose `default` user may not run `ROLE`)
+    ///   answers `NOAUTH` until authenticated: the password is then sent
+    ///   first, and only the allowed masters (and TLS) protect it. A node
+    ///   that answers `master` is sent the password by the session in any
+    ///   case: the role check tells a replica from the master, not a
+    ///   friend from a foe.
+    /// - **TLS to the master** ([`RedisConfig::with_tls`]): by default
+    ///   the certificate is verified against the name the sentinel gave,
+    ///   with the system's roots (or `ca_file`/`ca_path`). That proves
+    ///   only that the host owns the name the sentinel chose: with host
+    ///   names allowed, pin the name
+    ///   ([`TlsConfig::server_name`](crate::transport::TlsConfig::server_name):
+    ///   every master must then present a certificate for that name; URL
+    ///   parameter `master_server_name`, Synapse key
+    ///   `sentinel_master_tls_server_name`) and/or the CA (`ca_file`, a CA
+    ///   that signs only your Redis nodes), so that no host the sentinel
+    ///   names gets the password without a certificate you issued.
+    ///
+    /// ```
+    /// use synapse_replication::session::AllowedMasters;
+    /// use synapse_replication::transport::{RedisConfig, TlsConfig};
+    ///
+    /// let mut tls = TlsConfig::default();
+    /// tls.server_name = Some("redis.internal".into());
+    /// tls.ca_file = Some("/etc/redis/ca.pem".into());
+    /// let config = RedisConfig::sentinel("mymaster", [("10.0.0.1", 26379)])
+    ///     .with_sentinel_allowed_masters(AllowedMasters::parse(["10.0.1.0/24"])?)
+    ///     .with_tls(tls);
+    /// let url: RedisConfig =
+    ///     "rediss+sentinel://10.0.0.1/mymaster?allowed_masters=10.0.1.0/24&master_server_name=redis.internal"
+    ///         .parse()?;
+    /// for config in [&config, &url] {
+    ///     let allowed = config.sentinel_config().expect("sentinels").allowed_masters();
+    ///     assert!(allowed.allows("10.0.1.5") && !allowed.allows("10.0.2.5"));
+    ///     let pinned = config.tls().and_then(|tls| tls.server_name.as_deref());
+    ///     assert_eq!(pinned, Some("redis.internal"));
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// ```
     /// use synapse_replication::session::RedisAuth;
@@ -149,10 +228,22 @@ impl RedisConfig {
             service_name,
             sentinels,
             auth: None,
+            allowed_masters: AllowedMasters::default(),
             tls: None,
             tls_client: TlsClient::default(),
         }));
         config
+    }
+
+    /// With these nodes as the only ones the sentinels may name as the
+    /// master (default [`AllowedMasters::private_networks`]; see
+    /// [`RedisConfig::sentinel`]). No effect without sentinels.
+    #[must_use]
+    pub fn with_sentinel_allowed_masters(mut self, allowed: AllowedMasters) -> RedisConfig {
+        if let Some(sentinel) = &mut self.sentinel {
+            sentinel.allowed_masters = allowed;
+        }
+        self
     }
 
     /// With these credentials for the sentinels (no effect without
@@ -233,6 +324,8 @@ pub(super) fn parse_sentinel_url(rest: &str, tls: bool) -> Result<RedisConfig, R
     };
     let mut sentinel_username = None;
     let mut sentinel_password = None;
+    let mut allowed_masters = None;
+    let mut master_server_name = None;
     for parameter in query.split('&').filter(|parameter| !parameter.is_empty()) {
         let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
         match name {
@@ -241,6 +334,13 @@ pub(super) fn parse_sentinel_url(rest: &str, tls: bool) -> Result<RedisConfig, R
             }
             "sentinel_password" => {
                 sentinel_password = Some(percent_decode(value, "sentinel_password")?);
+            }
+            "allowed_masters" => {
+                let value = percent_decode(value, "allowed_masters")?;
+                allowed_masters = Some(parse_allowed_masters(value.split(','))?);
+            }
+            "master_server_name" => {
+                master_server_name = Some(percent_decode(value, "master_server_name")?);
             }
             _ => return Err(RedisConfigError::UnknownParameter(snippet(name))),
         }
@@ -251,12 +351,35 @@ pub(super) fn parse_sentinel_url(rest: &str, tls: bool) -> Result<RedisConfig, R
     if let Some(auth) = credentials(sentinel_username, sentinel_password)? {
         config = config.with_sentinel_auth(auth);
     }
+    if let Some(allowed) = allowed_masters {
+        config = config.with_sentinel_allowed_masters(allowed);
+    }
     if tls {
+        let master_tls = TlsConfig {
+            server_name: master_server_name,
+            ..TlsConfig::default()
+        };
         config = config
-            .with_tls(TlsConfig::default())
+            .with_tls(master_tls)
             .with_sentinel_tls(TlsConfig::default());
+    } else if master_server_name.is_some() {
+        return Err(RedisConfigError::MasterServerNameWithoutTls);
     }
     Ok(config)
+}
+
+/// An allow-list from a URL or Synapse's section: at least one entry
+/// (none at all would refuse every master, surely not what was meant).
+pub(super) fn parse_allowed_masters<I, S>(entries: I) -> Result<AllowedMasters, RedisConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let entries: Vec<S> = entries.into_iter().collect();
+    if entries.iter().all(|entry| entry.as_ref().trim().is_empty()) {
+        return Err(crate::session::AllowListError(String::new()).into());
+    }
+    Ok(AllowedMasters::parse(entries)?)
 }
 
 #[cfg(test)]
@@ -345,6 +468,53 @@ mod tests {
             )
             .contains("hunter")
         );
+    }
+
+    #[test]
+    fn allowed_masters_and_the_master_server_name() {
+        let config = url("redis+sentinel://h/m");
+        assert_eq!(
+            config
+                .sentinel_config()
+                .map(SentinelConfig::allowed_masters),
+            Some(&AllowedMasters::private_networks())
+        );
+        let config = url(
+            "rediss+sentinel://h/m?allowed_masters=10.0.0.0/8,redis.internal&master_server_name=redis.internal",
+        );
+        let allowed = config
+            .sentinel_config()
+            .map(SentinelConfig::allowed_masters)
+            .expect("sentinels");
+        assert!(allowed.allows("10.1.1.1") && allowed.allows("redis.internal"));
+        assert!(!allowed.allows("192.168.1.1"));
+        assert_eq!(
+            config.tls().and_then(|tls| tls.server_name.as_deref()),
+            Some("redis.internal")
+        );
+        assert_eq!(
+            config.sentinel_config().and_then(|s| s.tls()),
+            Some(&TlsConfig::default())
+        );
+        assert!(
+            url("redis+sentinel://h/m?allowed_masters=*")
+                .sentinel_config()
+                .is_some_and(|s| s.allowed_masters().allows("203.0.113.1"))
+        );
+        for (text, check) in [
+            (
+                "redis+sentinel://h/m?allowed_masters=",
+                "invalid allowed master \"\"",
+            ),
+            (
+                "redis+sentinel://h/m?allowed_masters=10.0.0.0/40",
+                "invalid allowed master \"10.0.0.0/40\"",
+            ),
+            ("redis+sentinel://h/m?master_server_name=r", "without tls"),
+        ] {
+            let error = RedisConfig::from_url(text).expect_err(text).to_string();
+            assert!(error.contains(check), "{text}: {error}");
+        }
     }
 
     #[test]

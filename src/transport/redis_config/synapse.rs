@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::session::RedisAuth;
 
-use super::sentinel::DEFAULT_SENTINEL_PORT;
+use super::sentinel::{DEFAULT_SENTINEL_PORT, parse_allowed_masters};
 use super::url::parse_authority_with;
 use super::{RedisConfig, RedisConfigError, TlsConfig};
 
@@ -70,8 +70,16 @@ impl RedisConfig {
         };
         config.auth = auth;
         config.database = section.dbid;
+        let master_server_name = section
+            .sentinel_master_tls_server_name
+            .clone()
+            .filter(|name| !name.is_empty() && !section.sentinels.is_empty());
         if section.use_tls {
-            config = config.with_tls(tls_files(section)?);
+            let mut tls = tls_files(section)?;
+            tls.server_name = master_server_name;
+            config = config.with_tls(tls);
+        } else if master_server_name.is_some() {
+            return Err(RedisConfigError::MasterServerNameWithoutTls);
         }
         Ok(config)
     }
@@ -106,6 +114,11 @@ fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisCon
         .map(|address| parse_authority_with(address, DEFAULT_SENTINEL_PORT))
         .collect::<Result<Vec<_>, _>>()?;
     let mut config = RedisConfig::sentinel_endpoints(service, sentinels);
+    if !section.sentinel_allowed_masters.is_empty() {
+        config = config.with_sentinel_allowed_masters(parse_allowed_masters(
+            &section.sentinel_allowed_masters,
+        )?);
+    }
     let username = section
         .sentinel_username
         .clone()
@@ -190,6 +203,15 @@ pub struct SynapseRedisConfig {
     /// Whether to reach the sentinels with TLS (with the CA and client
     /// certificate files above).
     pub sentinel_use_tls: bool,
+    /// The only nodes the sentinels may name as the master: IP addresses,
+    /// networks (`10.0.0.0/8`), host names, `*.domain`, `private`, `*`
+    /// (see [`AllowedMasters::parse`](crate::session::AllowedMasters::parse)).
+    /// Empty: the default, private addresses only (see
+    /// [`RedisConfig::sentinel`] for what is trusted).
+    pub sentinel_allowed_masters: Vec<String>,
+    /// With `use_tls`, the name every master's certificate must carry,
+    /// instead of the name a sentinel gives.
+    pub sentinel_master_tls_server_name: Option<String>,
 }
 
 impl Default for SynapseRedisConfig {
@@ -213,6 +235,8 @@ impl Default for SynapseRedisConfig {
             sentinel_username: None,
             sentinel_password: None,
             sentinel_use_tls: false,
+            sentinel_allowed_masters: Vec::new(),
+            sentinel_master_tls_server_name: None,
         }
     }
 }
@@ -241,6 +265,11 @@ impl fmt::Debug for SynapseRedisConfig {
                 &self.sentinel_password.as_ref().map(|_| "<redacted>"),
             )
             .field("sentinel_use_tls", &self.sentinel_use_tls)
+            .field("sentinel_allowed_masters", &self.sentinel_allowed_masters)
+            .field(
+                "sentinel_master_tls_server_name",
+                &self.sentinel_master_tls_server_name,
+            )
             .finish()
     }
 }
@@ -444,6 +473,37 @@ mod tests {
         assert!(matches!(
             synapse(r#"{"enabled": true, "sentinels": ["h"]}"#),
             Err(RedisConfigError::MissingServiceName)
+        ));
+        let config = synapse(
+            r#"{"enabled": true, "use_tls": true, "sentinels": ["10.0.0.1"],
+                "sentinel_service_name": "m",
+                "sentinel_allowed_masters": ["10.0.1.0/24", "redis-0.internal"],
+                "sentinel_master_tls_server_name": "redis.internal"}"#,
+        )
+        .unwrap();
+        let allowed = config
+            .sentinel_config()
+            .expect("sentinels")
+            .allowed_masters();
+        assert!(allowed.allows("10.0.1.9") && allowed.allows("redis-0.internal"));
+        assert!(!allowed.allows("10.0.2.9"));
+        assert_eq!(
+            config.tls().and_then(|tls| tls.server_name.as_deref()),
+            Some("redis.internal")
+        );
+        assert!(matches!(
+            synapse(
+                r#"{"enabled": true, "sentinels": ["h"], "sentinel_service_name": "m",
+                    "sentinel_allowed_masters": ["not a host"]}"#
+            ),
+            Err(RedisConfigError::InvalidAllowedMaster(_))
+        ));
+        assert!(matches!(
+            synapse(
+                r#"{"enabled": true, "sentinels": ["h"], "sentinel_service_name": "m",
+                    "sentinel_master_tls_server_name": "redis.internal"}"#
+            ),
+            Err(RedisConfigError::MasterServerNameWithoutTls)
         ));
         assert!(matches!(
             synapse(r#"{"enabled": true, "sentinels": ["h:x"], "sentinel_service_name": "m"}"#),
