@@ -907,3 +907,148 @@ fn a_sentinel_that_names_a_node_outside_the_allowed_masters_is_refused_and_it_is
     assert_eq!(heard.connections, 0, "the node was dialled");
     assert!(heard.bytes.is_empty());
 }
+
+/// A sentinel that names the Redis on `master` and, to the first client
+/// that subscribes, publishes `+switch-master` `count` times, `every`
+/// apart, alternating between a node that does not exist and `master`
+/// (the last one names `master`). Counts the questions it was asked.
+fn flapping_sentinel(master: u16, count: usize, every: Duration) -> (u16, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a port");
+    let own = listener.local_addr().expect("addr").port();
+    let asked: Arc<Mutex<usize>> = Arc::default();
+    let shared = asked.clone();
+    let stormed = Arc::new(Mutex::new(false));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let (asked, stormed) = (shared.clone(), stormed.clone());
+            std::thread::spawn(move || {
+                let bulk = |text: &str| format!("${}\r\n{text}\r\n", text.len());
+                let mut decoder = RespDecoder::new();
+                let mut input = BytesMut::new();
+                let mut buf = [0; 4096];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        return;
+                    }
+                    input.extend_from_slice(&buf[..n]);
+                    while let Ok(Some(frame)) = decoder.decode(&mut input) {
+                        let name = frame
+                            .elements()
+                            .and_then(<[Frame]>::first)
+                            .map(text)
+                            .unwrap_or_default()
+                            .to_ascii_uppercase();
+                        let answer = match name.as_str() {
+                            "SENTINEL" => {
+                                *asked.lock().expect("asked") += 1;
+                                format!("*2\r\n{}{}", bulk("127.0.0.1"), bulk(&master.to_string()))
+                            }
+                            "SUBSCRIBE" => {
+                                format!(
+                                    "*3\r\n{}{}:1\r\n",
+                                    bulk("subscribe"),
+                                    bulk("+switch-master")
+                                )
+                            }
+                            "PING" => format!("*2\r\n{}{}", bulk("pong"), bulk("")),
+                            _ => "+OK\r\n".to_owned(),
+                        };
+                        if stream.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                        let first = name == "SUBSCRIBE"
+                            && !std::mem::replace(&mut *stormed.lock().expect("storm"), true);
+                        if !first {
+                            continue;
+                        }
+                        let (real, bogus) = (format!("127.0.0.1 {master}"), "127.0.0.1 1");
+                        for n in 0..count {
+                            std::thread::sleep(every);
+                            let (from, to) = if (count - n) % 2 == 1 {
+                                (bogus, real.as_str())
+                            } else {
+                                (real.as_str(), bogus)
+                            };
+                            let payload = format!("{SERVICE} {from} {to}");
+                            let message = format!(
+                                "*3\r\n{}{}{}",
+                                bulk("message"),
+                                bulk("+switch-master"),
+                                bulk(&payload)
+                            );
+                            if stream.write_all(message.as_bytes()).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (own, asked)
+}
+
+#[test]
+fn a_storm_of_switch_master_messages_is_not_a_storm_of_reconnections() {
+    let redis = RedisServer::start();
+    const SWITCHES: usize = 60;
+    let every = Duration::from_millis(25);
+    let (sentinel, asked) = flapping_sentinel(redis.port(), SWITCHES, every);
+    let runtime: Rt = Arc::new(SmolRuntime);
+    let config = RedisConfig::sentinel(SERVICE, [("127.0.0.1", sentinel)])
+        .with_connect_timeout(Duration::from_secs(2));
+    smol::block_on(async {
+        let mut node = Node::new("master", runtime.clone(), config, None);
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "ready and watching",
+            PATIENCE,
+            |nodes| !nodes[0].ready.is_empty() && nodes[0].watching > 0,
+        )
+        .await;
+        let found_before = node.found.len();
+        let asked_before = *asked.lock().expect("asked");
+        // The storm, then the holdoff, then time to settle.
+        let storm = every * SWITCHES as u32;
+        common::nodes::run_for(
+            &runtime,
+            &mut [&mut node],
+            storm + 2 * SentinelEvent::SWITCH_HOLDOFF + Duration::from_millis(500),
+        )
+        .await;
+        run_until(
+            &runtime,
+            &mut [&mut node],
+            "ready again",
+            PATIENCE,
+            |nodes| nodes[0].client.is_ready(),
+        )
+        .await;
+        let found = node.found.len() - found_before;
+        let asked = *asked.lock().expect("asked") - asked_before;
+        eprintln!(
+            "{SWITCHES} switches over {} ms: {} reported, {found} links found the master again, \
+             {asked} questions to the sentinel",
+            storm.as_millis(),
+            node.switches.len()
+        );
+        // One action per holdoff at most: at the first switch, then at
+        // most once per second of the storm and once after it, each
+        // reconnecting both links.
+        let actions = 1 + storm.as_secs() as usize + 2;
+        assert!(
+            node.switches.len() <= actions,
+            "{} switches reported",
+            node.switches.len()
+        );
+        assert!(found <= 2 * actions, "{found} reconnections");
+        assert!(asked <= 2 * actions, "{asked} questions");
+        assert_eq!(
+            node.switches.last().map(|(_, to)| to.port),
+            Some(redis.port()),
+            "the last switch is the one that holds"
+        );
+    });
+}

@@ -47,6 +47,13 @@ pub enum SentinelEvent {
     },
     /// The sentinels switched the master: links to another node are
     /// closed and connect again through discovery.
+    ///
+    /// Switches that follow one within
+    /// [`SWITCH_HOLDOFF`](SentinelEvent::SWITCH_HOLDOFF) are held back
+    /// and reported as one when it is up (`from` the first one's, `to`
+    /// the last one's), so that a storm of `+switch-master` messages
+    /// (a flapping deployment, or a sentinel that lies) closes the links
+    /// at most once per holdoff rather than once per message.
     Switched {
         /// The master before.
         from: MasterAddr,
@@ -64,6 +71,13 @@ pub enum SentinelEvent {
         /// The delay before the next attempt.
         retry_in: Duration,
     },
+}
+
+impl SentinelEvent {
+    /// The least time between two [`SentinelEvent::Switched`] (one
+    /// second): the first switch is acted on at once, the last of those
+    /// that follow within this when it is up.
+    pub const SWITCH_HOLDOFF: Duration = Duration::from_secs(1);
 }
 
 impl fmt::Display for SentinelEvent {
@@ -346,6 +360,11 @@ pub(crate) struct SentinelWatcher {
     state: WatchState,
     backoff: Backoff,
     stable_after: Duration,
+    /// When a switch was last reported.
+    last_switch: Option<Instant>,
+    /// Switches heard since, not yet reported (the first `from`, the
+    /// last `to`), and the end of the holdoff.
+    held: Option<(MasterAddr, MasterAddr, BoxFuture<'static, ()>)>,
 }
 
 impl SentinelWatcher {
@@ -361,7 +380,34 @@ impl SentinelWatcher {
             state: WatchState::Start,
             backoff,
             stable_after,
+            last_switch: None,
+            held: None,
         })
+    }
+
+    /// A switch heard: reported now, or held until the holdoff since
+    /// the last one reported is up.
+    fn switch(
+        &mut self,
+        runtime: &dyn Runtime,
+        from: MasterAddr,
+        to: MasterAddr,
+        now: Instant,
+    ) -> Option<SentinelEvent> {
+        let until = self
+            .last_switch
+            .map(|at| at + SentinelEvent::SWITCH_HOLDOFF)
+            .filter(|until| now < *until);
+        let Some(until) = until else {
+            self.last_switch = Some(now);
+            return Some(SentinelEvent::Switched { from, to });
+        };
+        tracing::debug!(%from, %to, "Redis sentinel: switch held back (switch storm)");
+        self.held = Some(match self.held.take() {
+            Some((first, _, timer)) => (first, to, timer),
+            None => (from, to, runtime.sleep_until(until)),
+        });
+        None
     }
 
     /// Starts with this sentinel next time (the one that answered).
@@ -408,6 +454,14 @@ impl SentinelWatcher {
         now: Instant,
     ) -> Poll<SentinelEvent> {
         loop {
+            if let Some((_, _, timer)) = &mut self.held {
+                if timer.as_mut().poll(cx).is_ready() {
+                    if let Some((from, to, _)) = self.held.take() {
+                        self.last_switch = Some(now);
+                        return Poll::Ready(SentinelEvent::Switched { from, to });
+                    }
+                }
+            }
             match &mut self.state {
                 WatchState::Start => {
                     let endpoint = self.endpoint();
@@ -477,7 +531,10 @@ impl SentinelWatcher {
                                 });
                             }
                             WatchEvent::Switched { from, to } => {
-                                return Poll::Ready(SentinelEvent::Switched { from, to });
+                                match self.switch(runtime, from, to, now) {
+                                    Some(event) => return Poll::Ready(event),
+                                    None => continue,
+                                }
                             }
                             WatchEvent::Failed(error) => {
                                 return Poll::Ready(self.lose(runtime, error, now));

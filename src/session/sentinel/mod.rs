@@ -55,7 +55,11 @@
 //! failover is acted on within a round trip of the sentinel's announcement
 //! rather than at the next keep-alive. A switch to a node outside the
 //! [`AllowedMasters`] fails the watch ([`SentinelError::NotAllowed`]):
-//! that sentinel is not listened to any more. It pings every
+//! that sentinel is not listened to any more. (Spacing out the reaction
+//! to a storm of switches is the driver's part: the
+//! [`RedisClient`](crate::transport::RedisClient) acts on the first at
+//! once and on the last of those that follow within a second.) It pings
+//! every
 //! [`SentinelWatch::PING_INTERVAL`] and gives the connection up when a
 //! reply is [`SentinelWatch::PING_TIMEOUT`] late.
 //!

@@ -165,6 +165,10 @@ impl RedisConfig {
     ///   `sentinel_master_tls_server_name`) and/or the CA (`ca_file`, a CA
     ///   that signs only your Redis nodes), so that no host the sentinel
     ///   names gets the password without a certificate you issued.
+    /// - **Failover storms**: a burst of `+switch-master` messages does
+    ///   not become a burst of reconnections: the first is acted on at
+    ///   once, the last of those that follow within a second when the
+    ///   second is up.
     ///
     /// ```
     /// use synapse_replication::session::AllowedMasters;
