@@ -24,15 +24,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::redis_server::RedisServer;
 use common::redis_session::{PREFIX, redis_session, registry};
+use synapse_replication::positions::CatchUpEndpoint;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
-    ClientSession, RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, ServerEvent,
+    ClientSession, DiscoveryStep, RedisAuth, RedisEvent, RedisLink, RedisSession,
+    RedisSessionConfig, SentinelDiscovery, SentinelTarget, SentinelWatch, ServerEvent,
     ServerSession,
 };
 use synapse_replication::transport::{
-    RedisClient, RedisClientEvent, RedisConfig, SmolRuntime, SynapseRedisConfig, TcpClient,
-    TcpClientEvent, TcpServer, TcpServerEvent,
+    RedisClient, RedisClientEvent, RedisConfig, SentinelEvent, SmolRuntime, SynapseConfig,
+    SynapseRedisConfig, TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token, UserIp};
 use synapse_replication::writers::StreamWriters;
@@ -41,22 +43,102 @@ const PASSWORD: &str = "hunter2-password";
 const TOKEN: &str = "syt_secret_token";
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// `{:?}` and `{:#?}` of `value` show neither secret.
-#[track_caller]
-fn assert_hidden(what: &str, value: &dyn Debug) {
-    for text in [format!("{value:?}"), format!("{value:#?}")] {
-        for secret in [PASSWORD, TOKEN] {
-            if let Some(at) = text.find(secret) {
-                let from = at.saturating_sub(120);
-                let to = (at + secret.len() + 40).min(text.len());
-                panic!(
-                    "{what}'s Debug shows {secret:?} ({} bytes of output): ...{}...",
-                    text.len(),
-                    text.get(from..to).unwrap_or(&text)
-                );
+/// The data nodes' wrong password, in the failing-auth test.
+const WRONG_PASSWORD: &str = "wrong-pass-0451";
+/// The sentinels' password.
+const SENTINEL_PASSWORD: &str = "sentinel-pass-9931";
+/// Synapse's `worker_replication_secret`.
+const REPLICATION_SECRET: &str = "repl-secret-7781";
+const SECRETS: [&str; 5] = [
+    PASSWORD,
+    TOKEN,
+    WRONG_PASSWORD,
+    SENTINEL_PASSWORD,
+    REPLICATION_SECRET,
+];
+
+/// Every way a formatter could spell `secret`'s bytes: as text, as a
+/// byte-escaped string (`\x68\x75...`), as a list of numbers (`[104,
+/// 117, ...]`, as a derived `Debug` of `Vec<u8>` or `[u8]` shows it), and
+/// in hex. The number list is matched with whitespace removed, so that
+/// `{:#?}`'s one number a line is caught too.
+fn spellings(secret: &str) -> Vec<String> {
+    let bytes = secret.as_bytes();
+    let numbers: Vec<String> = bytes.iter().map(u8::to_string).collect();
+    let escaped: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    vec![
+        secret.to_owned(),
+        escaped.clone(),
+        escaped.to_uppercase().replace("\\X", "\\x"),
+        numbers.join(","),
+        hex.clone(),
+        hex.to_uppercase(),
+    ]
+}
+
+/// Where `text` shows a secret, in any of its [`spellings`].
+fn find_secret(text: &str) -> Option<(&'static str, String)> {
+    let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    for secret in SECRETS {
+        for spelling in spellings(secret) {
+            if text.contains(&spelling) || squeezed.contains(&spelling) {
+                return Some((secret, spelling));
             }
         }
     }
+    None
+}
+
+/// `text` shows no secret in any spelling.
+#[track_caller]
+fn assert_text_hidden(what: &str, text: &str) {
+    if let Some((secret, spelling)) = find_secret(text) {
+        let at = text.find(&spelling).unwrap_or(0);
+        let from = at.saturating_sub(120);
+        let to = (at + spelling.len() + 40).min(text.len());
+        panic!(
+            "{what} shows {secret:?} as {spelling:?} ({} bytes of output): ...{}...",
+            text.len(),
+            text.get(from..to).unwrap_or(text)
+        );
+    }
+}
+
+/// `{:?}` and `{:#?}` of `value` show no secret.
+#[track_caller]
+fn assert_hidden(what: &str, value: &dyn Debug) {
+    for text in [format!("{value:?}"), format!("{value:#?}")] {
+        assert_text_hidden(&format!("{what}'s Debug"), &text);
+    }
+}
+
+#[test]
+fn the_check_sees_every_spelling_of_a_secret() {
+    // A check that cannot fail proves nothing: each of these shows it.
+    let bytes = PASSWORD.as_bytes().to_vec();
+    let escaped: String = PASSWORD
+        .bytes()
+        .map(|b| std::ascii::escape_default(b).to_string())
+        .collect();
+    let all_escaped: String = PASSWORD.bytes().map(|b| format!("\\x{b:02x}")).collect();
+    let hex: String = PASSWORD.bytes().map(|b| format!("{b:02X}")).collect();
+    for (how, text) in [
+        ("a string", format!("{PASSWORD:?}")),
+        ("Bytes", format!("{:?}", Bytes::from(bytes.clone()))),
+        (
+            "BytesMut",
+            format!("{:?}", bytes::BytesMut::from(&bytes[..])),
+        ),
+        ("Vec<u8>", format!("{bytes:?}")),
+        ("Vec<u8>, pretty", format!("{bytes:#?}")),
+        ("escape_default", escaped),
+        ("all escaped", all_escaped),
+        ("hex", hex),
+    ] {
+        assert!(find_secret(&text).is_some(), "{how}: {text}");
+    }
+    assert!(find_secret("RedisAuth { password: \"<redacted>\" }").is_none());
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
@@ -521,4 +603,390 @@ fn tcp_client_and_server_hide_tokens_over_loopback() {
     let mut greeting = [0; 6];
     raw.read_exact(&mut greeting).expect("the server greets");
     assert_eq!(&greeting, b"SERVER");
+}
+
+// ---------------------------------------------------------------------
+// Sentinels, Synapse's configuration, the replication HTTP API.
+// ---------------------------------------------------------------------
+
+fn sentinel_auth() -> RedisAuth {
+    RedisAuth {
+        username: Some("sentinel-user".to_owned()),
+        password: SENTINEL_PASSWORD.to_owned(),
+    }
+}
+
+/// The sentinels' `AUTH` waits in a discovery round's output, and the
+/// data nodes' in its output once a node asks for it; a watch's `AUTH`
+/// from the start.
+#[test]
+fn sentinel_discovery_and_watch_hide_a_pending_auth() {
+    let mut round =
+        SentinelDiscovery::new("mymaster", 1, 0, Some(sentinel_auth()), Some(auth(None)));
+    assert_hidden("SentinelDiscovery", &round);
+    assert_eq!(
+        round.poll_step(),
+        Some(DiscoveryStep::Connect(SentinelTarget::Sentinel(0)))
+    );
+    round.connected();
+    assert_hidden("SentinelDiscovery with the sentinels' AUTH unsent", &round);
+    let sent = round.poll_transmit().expect("AUTH and the question");
+    assert!(contains(&sent, SENTINEL_PASSWORD), "the AUTH holds it");
+    round.handle_input(b"+OK\r\n*2\r\n$8\r\n10.0.0.7\r\n$4\r\n6379\r\n");
+    assert!(matches!(
+        round.poll_step(),
+        Some(DiscoveryStep::Connect(SentinelTarget::Master(_)))
+    ));
+    round.connected();
+    let _ = round.poll_transmit();
+    round.handle_input(b"-NOAUTH Authentication required.\r\n");
+    assert_hidden("SentinelDiscovery with the master's AUTH unsent", &round);
+    let sent = round.poll_transmit().expect("AUTH and ROLE");
+    assert!(contains(&sent, PASSWORD), "the AUTH holds it");
+    // A refusal names no password.
+    round.handle_input(b"-WRONGPASS invalid username-password pair or user is disabled.\r\n");
+    let Some(DiscoveryStep::Failed(error)) = round.poll_step() else {
+        panic!("the round fails");
+    };
+    assert_hidden("DiscoveryError", &error);
+    assert_text_hidden("DiscoveryError's Display", &error.to_string());
+
+    let now = Instant::now();
+    let mut watch = SentinelWatch::new("mymaster", Some(&sentinel_auth()));
+    assert_hidden("SentinelWatch with AUTH unsent", &watch);
+    watch.connected(now);
+    assert_hidden("SentinelWatch with AUTH and SUBSCRIBE unsent", &watch);
+    let sent = watch.poll_transmit().expect("AUTH and SUBSCRIBE");
+    assert!(contains(&sent, SENTINEL_PASSWORD), "the AUTH holds it");
+}
+
+fn sentinel_url() -> String {
+    format!(
+        "redis+sentinel://synapse:{PASSWORD}@10.0.0.1,10.0.0.2/mymaster?sentinel_username=s&sentinel_password={SENTINEL_PASSWORD}"
+    )
+}
+
+#[test]
+fn sentinel_and_synapse_configs_hide_every_secret() {
+    let config = RedisConfig::from_url(&sentinel_url()).expect("a valid url");
+    let sentinel = config.sentinel_config().expect("sentinels");
+    assert_eq!(
+        sentinel.auth().map(|auth| auth.password.as_str()),
+        Some(SENTINEL_PASSWORD)
+    );
+    assert_hidden("RedisConfig with sentinels", &config);
+    assert_hidden("SentinelConfig", sentinel);
+    let built = RedisConfig::sentinel("mymaster", [("10.0.0.1", 26379)])
+        .with_auth(auth(None))
+        .with_sentinel_auth(sentinel_auth());
+    assert_hidden("RedisConfig::sentinel", &built);
+    assert_hidden(
+        "RedisSessionConfig of a sentinel config",
+        &built.session_config(PREFIX),
+    );
+    let error = RedisConfig::from_url(&format!("{}&unknown=1", sentinel_url()))
+        .expect_err("an unknown parameter");
+    assert_hidden("RedisConfigError", &error);
+    assert_text_hidden("RedisConfigError's Display", &error.to_string());
+
+    let mut section = SynapseRedisConfig::default();
+    section.enabled = true;
+    section.password = Some(PASSWORD.to_owned());
+    section.sentinels = vec!["10.0.0.1".to_owned()];
+    section.sentinel_service_name = Some("mymaster".to_owned());
+    section.sentinel_password = Some(SENTINEL_PASSWORD.to_owned());
+    assert_hidden("SynapseRedisConfig with sentinels", &section);
+    let from_section = RedisConfig::from_synapse(&section).expect("a valid section");
+    assert_eq!(
+        from_section.auth().map(|auth| auth.password.as_str()),
+        Some(PASSWORD)
+    );
+    assert_hidden("RedisConfig from Synapse's sentinels", &from_section);
+
+    let synapse = SynapseConfig::from_json(&format!(
+        r#"{{"server_name": "example.com", "worker_replication_secret": "{REPLICATION_SECRET}",
+            "redis": {{"enabled": true, "password": "{PASSWORD}",
+                      "sentinels": ["10.0.0.1"], "sentinel_service_name": "mymaster",
+                      "sentinel_password": "{SENTINEL_PASSWORD}"}}}}"#
+    ))
+    .expect("a valid config");
+    assert_eq!(synapse.replication_secret(), Some(REPLICATION_SECRET));
+    assert_hidden("SynapseConfig", &synapse);
+    let error = SynapseConfig::from_json(&format!(
+        r#"{{"server_name": "example.com", "worker_replication_secret": "{REPLICATION_SECRET}",
+            "worker_replication_secret_path": "/nonexistent"}}"#
+    ))
+    .expect_err("both secrets");
+    assert_hidden("SynapseConfigError", &error);
+    assert_text_hidden("SynapseConfigError's Display", &error.to_string());
+}
+
+#[test]
+fn the_catch_up_endpoint_hides_the_replication_secret() {
+    let endpoint = CatchUpEndpoint::new(
+        InstanceName::from("typing1"),
+        Some(REPLICATION_SECRET.to_owned()),
+    );
+    assert_hidden("CatchUpEndpoint", &endpoint);
+}
+
+#[cfg(all(feature = "http-server", feature = "http-catch-up"))]
+#[test]
+fn http_server_and_client_hide_the_replication_secret() {
+    use synapse_replication::transport::{HttpCatchUp, HttpServer};
+    let synapse = SynapseConfig::from_json(&format!(
+        r#"{{"server_name": "example.com", "worker_replication_secret": "{REPLICATION_SECRET}"}}"#
+    ))
+    .expect("a valid config");
+    let client = HttpCatchUp::from_synapse(SmolRuntime, &synapse);
+    assert_hidden("HttpCatchUp from SynapseConfig", &client);
+    let endpoint = CatchUpEndpoint::new(
+        InstanceName::from("typing1"),
+        synapse.replication_secret().map(str::to_owned),
+    );
+    let server = smol::block_on(HttpServer::bind(
+        SmolRuntime,
+        "127.0.0.1:0",
+        endpoint,
+        Arc::new(client),
+    ))
+    .expect("a listener");
+    assert_hidden("HttpServer", &server);
+}
+
+// ---------------------------------------------------------------------
+// What is logged through `tracing`.
+// ---------------------------------------------------------------------
+
+/// Every event and span logged on this thread, at every level, with its
+/// fields formatted as a subscriber that prints them would.
+#[derive(Clone, Default)]
+struct Recorder(Arc<std::sync::Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push_str(&format!(" {}={value}", field.name()));
+    }
+
+    fn record_bytes(&mut self, field: &tracing::field::Field, value: &[u8]) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl Recorder {
+    fn push(&self, line: String) {
+        self.0.lock().expect("recorder").push(line);
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().expect("recorder").clone()
+    }
+}
+
+impl tracing::Subscriber for Recorder {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut fields = Fields(format!("span {}", span.metadata().name()));
+        span.record(&mut fields);
+        let mut lines = self.0.lock().expect("recorder");
+        lines.push(fields.0);
+        tracing::span::Id::from_u64(lines.len() as u64)
+    }
+
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut fields = Fields("span record".to_owned());
+        values.record(&mut fields);
+        self.push(fields.0);
+    }
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields(format!(
+            "{} {}",
+            event.metadata().level(),
+            event.metadata().target()
+        ));
+        event.record(&mut fields);
+        self.push(fields.0);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A sentinel that names the Redis on `master` (after `AUTH`, which it
+/// takes with any password), confirms `SUBSCRIBE` and answers `PING`;
+/// what it was sent.
+fn fake_sentinel(master: u16) -> (u16, Arc<std::sync::Mutex<Vec<u8>>>) {
+    use synapse_replication::resp::{Frame, RespDecoder};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("addr").port();
+    let heard: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+    let shared = heard.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let heard = shared.clone();
+            std::thread::spawn(move || {
+                let mut decoder = RespDecoder::new();
+                let mut input = bytes::BytesMut::new();
+                let mut buf = [0; 4096];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        return;
+                    }
+                    heard.lock().expect("heard").extend_from_slice(&buf[..n]);
+                    input.extend_from_slice(&buf[..n]);
+                    while let Ok(Some(frame)) = decoder.decode(&mut input) {
+                        let name = frame
+                            .elements()
+                            .and_then(<[Frame]>::first)
+                            .and_then(Frame::as_bytes)
+                            .map(|name| name.to_ascii_uppercase())
+                            .unwrap_or_default();
+                        let answer = match &name[..] {
+                            b"SENTINEL" => {
+                                format!("*2\r\n{}{}", bulk("127.0.0.1"), bulk(&master.to_string()))
+                            }
+                            b"SUBSCRIBE" => subscribed("+switch-master", 1),
+                            b"PING" => format!("*2\r\n{}{}", bulk("pong"), bulk("")),
+                            _ => "+OK\r\n".to_owned(),
+                        };
+                        if stream.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, heard)
+}
+
+fn sentinel_client(sentinel: u16, password: &str) -> RedisClient<SmolRuntime> {
+    let config = RedisConfig::sentinel("mymaster", [("127.0.0.1", sentinel)])
+        .with_auth(RedisAuth {
+            username: None,
+            password: password.to_owned(),
+        })
+        .with_sentinel_auth(sentinel_auth())
+        .with_connect_timeout(Duration::from_secs(2));
+    let mut options = config.session_config(PREFIX);
+    options.client_name = Some("sentinel-client".to_owned());
+    let me = InstanceName::from("worker1");
+    let session = RedisSession::new(
+        options,
+        Follower::new(me.clone(), registry()),
+        Writer::new(me, registry()),
+    );
+    RedisClient::new(SmolRuntime, config, session)
+}
+
+/// Every line logged, and every event's `Debug` and `Display`, are free
+/// of secrets; there were some (so the check saw something).
+#[track_caller]
+fn assert_logs_hidden(what: &str, recorder: &Recorder, events: &[RedisClientEvent]) {
+    let lines = recorder.lines();
+    assert!(!lines.is_empty(), "{what}: nothing was logged");
+    for line in &lines {
+        assert_text_hidden(&format!("{what}: a log line"), line);
+    }
+    for event in events {
+        assert_hidden(&format!("{what}: RedisClientEvent"), event);
+        assert_text_hidden(
+            &format!("{what}: RedisClientEvent's Display"),
+            &event.to_string(),
+        );
+    }
+}
+
+#[test]
+fn nothing_logged_shows_a_password_through_a_sentinel_or_direct() {
+    let recorder = Recorder::default();
+    let _guard = tracing::subscriber::set_default(recorder.clone());
+    let server = RedisServer::options().requirepass(PASSWORD).start();
+    let (sentinel, heard) = fake_sentinel(server.port());
+
+    // Through the sentinel (AUTH to it, NOAUTH then AUTH to the master),
+    // and directly, both with the right password.
+    let mut through = sentinel_client(sentinel, PASSWORD);
+    let mut direct = redis_client(&server, "direct", false);
+    let mut events: Vec<RedisClientEvent> = Vec::new();
+    let mut watching = false;
+    run_until("both ready, the sentinel watched", |cx| {
+        for client in [&mut through, &mut direct] {
+            while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
+                watching |= matches!(
+                    event,
+                    RedisClientEvent::Sentinel(SentinelEvent::Watching { .. })
+                );
+                events.push(event);
+            }
+        }
+        Poll::Ready(through.is_ready() && direct.is_ready() && watching)
+    });
+    assert!(
+        contains(&heard.lock().expect("heard"), SENTINEL_PASSWORD),
+        "the sentinel was sent its password"
+    );
+    assert_hidden("RedisClient through a sentinel", &through);
+    assert_logs_hidden("a sentinel session", &recorder, &events);
+}
+
+#[test]
+fn nothing_logged_shows_a_password_when_auth_fails() {
+    let recorder = Recorder::default();
+    let _guard = tracing::subscriber::set_default(recorder.clone());
+    let server = RedisServer::options().requirepass(PASSWORD).start();
+    let (sentinel, _) = fake_sentinel(server.port());
+    let mut through = sentinel_client(sentinel, WRONG_PASSWORD);
+    let config = RedisConfig::tcp("127.0.0.1", server.port()).with_auth(RedisAuth {
+        username: None,
+        password: WRONG_PASSWORD.to_owned(),
+    });
+    let me = InstanceName::from("direct");
+    let session = RedisSession::new(
+        config.session_config(PREFIX),
+        Follower::new(me.clone(), registry()),
+        Writer::new(me, registry()),
+    );
+    let mut direct = RedisClient::new(SmolRuntime, config, session);
+    let mut events: Vec<RedisClientEvent> = Vec::new();
+    let (mut refused_through, mut refused_direct) = (0, 0);
+    run_until("both refused twice", |cx| {
+        for (index, client) in [&mut through, &mut direct].into_iter().enumerate() {
+            while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
+                let refused = event.to_string().contains("WRONGPASS")
+                    || format!("{event:?}").contains("WRONGPASS");
+                if refused {
+                    if index == 0 {
+                        refused_through += 1;
+                    } else {
+                        refused_direct += 1;
+                    }
+                }
+                events.push(event);
+            }
+        }
+        Poll::Ready(refused_through >= 2 && refused_direct >= 2)
+    });
+    assert!(
+        recorder
+            .lines()
+            .iter()
+            .any(|line| line.contains("WRONGPASS")),
+        "the refusal was logged"
+    );
+    assert_logs_hidden("a failing auth", &recorder, &events);
 }

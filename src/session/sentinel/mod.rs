@@ -261,13 +261,24 @@ enum Expect {
     Ping,
 }
 
-/// One connection's requests and replies, in order.
-#[derive(Debug, Default)]
+/// One connection's requests and replies, in order. Its output can hold
+/// an `AUTH` with a password, so its [`Debug`] shows only lengths.
+#[derive(Default)]
 struct Exchange {
     decoder: RespDecoder,
     input: BytesMut,
     output: BytesMut,
     expect: VecDeque<Expect>,
+}
+
+impl fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exchange")
+            .field("input_len", &self.input.len())
+            .field("output_len", &self.output.len())
+            .field("expect", &self.expect)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Exchange {
