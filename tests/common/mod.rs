@@ -4,6 +4,7 @@
 
 #[cfg(unix)]
 pub mod faults;
+pub mod federation;
 #[cfg(unix)]
 pub mod nodes;
 pub mod pair;

@@ -175,14 +175,30 @@ impl SynapseRig {
     /// key, anything else replaced), e.g. `stream_writers` and
     /// `instance_map` entries for a Rust worker.
     pub fn start_with(extra: &Value) -> SynapseRig {
+        SynapseRig::start_as("rig.test", extra, &[])
+    }
+
+    /// Starts a rig named `server_name` (e.g. `127.0.0.1:8448`, for
+    /// federation), with `extra` merged into homeserver.yaml as
+    /// [`SynapseRig::start_with`] does and `listeners` added to the rig's
+    /// client and replication listeners.
+    pub fn start_as(server_name: &str, extra: &Value, listeners: &[Value]) -> SynapseRig {
         assert!(extra.is_object(), "extra config must be a JSON object");
         let python = synapse_python();
         let extra = extra.to_string();
+        let listeners = Value::Array(listeners.to_vec()).to_string();
         let (info, startup) = start_script(
             &python,
             &rig_script(),
             "synapse-rig",
-            &["--config-json", &extra],
+            &[
+                "--server-name",
+                server_name,
+                "--config-json",
+                &extra,
+                "--listeners-json",
+                &listeners,
+            ],
         );
         let text = |key: &str| -> String {
             info[key]

@@ -5,6 +5,7 @@ Run it with the Python of the venv that scripts/test.sh creates
 (``$SYNAPSE_PYTHON``):
 
     rig.py start --dir DIR [--server-name rig.test] [--owner-pid PID] [--config-json JSON]
+                 [--listeners-json JSON]
         Picks free loopback ports, starts a redis-server (no persistence) and
         a monolith Synapse (SQLite in DIR) that replicates over that Redis,
         waits until Synapse answers /health and is SUBSCRIBEd to Redis, then
@@ -14,6 +15,8 @@ Run it with the Python of the venv that scripts/test.sh creates
         merged into homeserver.yaml (objects merged key by key, anything
         else replaced), e.g. '{"stream_writers": {"typing": ["rust1"]},
         "instance_map": {"rust1": {"host": "127.0.0.1", "port": 1234}}}'.
+        --listeners-json is a JSON list of listeners added to the rig's own
+        two (which a merge could only replace), e.g. a federation listener.
 
     rig.py stop --dir DIR
         Stops everything `start` started (pids recorded in DIR/rig.json).
@@ -347,6 +350,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             )
             if args.config_json:
                 merge(config, json.loads(args.config_json))
+            if args.listeners_json:
+                config["listeners"].extend(json.loads(args.listeners_json))
             # JSON is YAML: no quoting surprises.
             (directory / "homeserver.yaml").write_text(json.dumps(config, indent=2))
             out = open(directory / "synapse.out", "ab")
@@ -512,6 +517,7 @@ def main() -> int:
     start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT)
     start.add_argument("--owner-pid", type=int)
     start.add_argument("--config-json", help="JSON object merged into homeserver.yaml")
+    start.add_argument("--listeners-json", help="JSON list of listeners added to the rig's")
     start.set_defaults(run=cmd_start)
 
     stop = sub.add_parser("stop")
