@@ -6,7 +6,7 @@
 // Some accessors are read only by the tests.
 #![allow(dead_code)]
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,6 +34,8 @@ pub const TIMEOUT_CHECK: Duration = Duration::from_secs(5);
 const AUTH_CACHE: Duration = Duration::from_secs(5);
 /// Rows of history kept (older ranges are answered per room).
 const HISTORY_ROWS: usize = 10_000;
+/// Answers kept in [`TypingWriter::answered`].
+const ANSWERED_KEPT: usize = 1000;
 
 /// Who the writer is and where it listens.
 #[derive(Clone, Debug)]
@@ -71,6 +73,9 @@ pub struct TypingWriter {
     members: Mutex<HashMap<(String, String), (Instant, bool)>>,
     /// Every catch-up request served, for tests and logs.
     pub served: Arc<Mutex<Vec<CatchUpRequest>>>,
+    /// The latest requests of other routes, as `(method, path, status)`:
+    /// what Synapse calls on a typing writer, for tests and logs.
+    pub answered: Mutex<VecDeque<(String, String, u16)>>,
 }
 
 /// The history, recording what it is asked.
@@ -121,6 +126,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         auth: Mutex::new(HashMap::new()),
         members: Mutex::new(HashMap::new()),
         served: served.clone(),
+        answered: Mutex::new(VecDeque::new()),
     });
 
     let endpoint = CatchUpEndpoint::new(
@@ -134,7 +140,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         .await?
         .with_handler(move |request| {
             let writer = handler_writer.clone();
-            async move { writer.client_api(request).await }.boxed()
+            async move { writer.answer(request).await }.boxed()
         });
     let addr = server.local_addr()?;
     let counters = server.counters();
@@ -289,6 +295,20 @@ impl TypingWriter {
             eprintln!("typing writer: history: {error}");
         }
         let _ = self.rows.unbounded_send((token, row));
+    }
+
+    /// Any request but a catch-up, answered and logged (an access log: a
+    /// route Synapse calls that this writer does not serve shows here).
+    pub async fn answer(&self, request: HttpRequest) -> HttpResponse {
+        let (method, path) = (request.method.clone(), request.path.clone());
+        let response = self.client_api(request).await;
+        eprintln!("typing writer: {method} {path} -> {}", response.status);
+        let mut answered = lock(&self.answered);
+        if answered.len() >= ANSWERED_KEPT {
+            answered.pop_front();
+        }
+        answered.push_back((method, path, response.status));
+        response
     }
 
     /// `PUT /_matrix/client/{v3,r0,unstable}/rooms/{roomId}/typing/{userId}`.
