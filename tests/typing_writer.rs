@@ -233,6 +233,7 @@ fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
             synapse,
             instance: INSTANCE.into(),
             homeserver: rig.client_url.clone(),
+            admin_token: None,
         },
         &format!("127.0.0.1:{port}"),
     ))

@@ -5,7 +5,8 @@
 //! cargo run --example typing_writer --features http-server,http-catch-up -- \
 //!     --server-name example.com --instance rust_typing \
 //!     --redis 127.0.0.1:6379 --listen 127.0.0.1:9100 \
-//!     --homeserver http://127.0.0.1:8008 --secret "$REPLICATION_SECRET"
+//!     --homeserver http://127.0.0.1:8008 --secret "$REPLICATION_SECRET" \
+//!     --admin-token "$ADMIN_TOKEN"
 //! # or: --config homeserver.json (Synapse's config, as JSON) --instance ... --listen ... --homeserver ...
 //! ```
 //!
@@ -17,7 +18,20 @@
 //!   at most 120 s, checked every 5 s);
 //! - `GET /_synapse/replication/get_repl_stream_updates/typing/...`, the
 //!   catch-up Synapse's processes make (its `instance_map` address), from
-//!   an in-memory history answered per room as Synapse's writer answers.
+//!   an in-memory history answered per room as Synapse's writer answers;
+//! - `POST /_synapse/replication/fed_send_edu/m.typing/<txn_id>`: the
+//!   typing of remote users, which the Synapse process that received a
+//!   federation transaction forwards to the typing writer (and fails the
+//!   whole transaction unless it is answered 200). As Synapse's writer
+//!   does, it applies an EDU only if the user is of the sending server and
+//!   both that server and this one are in the room, starts typing for 60 s
+//!   (remote servers repeat it), answers a retried txn id without applying
+//!   it again (for 30 minutes), and answers 200 even when it ignores one;
+//!   malformed requests get Synapse's JSON errors. The servers in a room
+//!   come from the admin API (`/_synapse/admin/v1/rooms/{roomId}/members`),
+//!   with `--admin-token`, a server admin's access token; without one,
+//!   remote typing is answered but not applied. Outbound typing needs
+//!   nothing here: Synapse's federation sender sends it from the rows.
 //!
 //! and publishes `typing` rows (`[room_id, [user_id, ...]]`, one token per
 //! change) over Redis, announcing its position on every connection and
@@ -32,7 +46,7 @@ use synapse_replication::transport::SynapseConfig;
 
 const USAGE: &str = "usage: typing_writer [--config FILE.json] [--server-name NAME] \
 --instance NAME [--redis HOST:PORT] --listen HOST:PORT --homeserver http://HOST:PORT \
-[--secret SECRET]";
+[--secret SECRET] [--admin-token TOKEN]";
 
 fn main() -> ExitCode {
     match run() {
@@ -86,6 +100,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 synapse,
                 instance,
                 homeserver,
+                admin_token: flag("--admin-token"),
             },
             &listen,
         )

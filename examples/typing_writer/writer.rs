@@ -1,14 +1,21 @@
 //! The typing writer's logic: who is typing where, with Synapse's
 //! timeouts (`TypingWriterHandler`), the client API route that changes it,
-//! the `typing` rows it publishes, and the catch-up it serves. Used by
-//! `main.rs` and by `tests/typing_writer.rs`.
+//! the typing EDUs Synapse forwards from federation, the `typing` rows it
+//! publishes, and the catch-up it serves. Used by `main.rs`, by
+//! `tests/typing_writer.rs` and by `tests/typing_federation.rs`.
 
 // Some accessors are read only by the tests.
 #![allow(dead_code)]
 
+// Beside this file, however this file was reached (`main.rs`, a test's
+// `#[path]`).
+#[path = "federation.rs"]
+pub mod federation;
+
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,15 +37,21 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const MAX_TIMEOUT_MS: u64 = 120_000;
 /// How often timeouts are checked (`FollowerTypingHandler`'s looping call).
 pub const TIMEOUT_CHECK: Duration = Duration::from_secs(5);
-/// How long a token's user, and a membership, are trusted.
+/// How long a token's user, and a membership, are trusted (the servers
+/// in a room are forgotten sooner when a membership event arrives).
 const AUTH_CACHE: Duration = Duration::from_secs(5);
+/// Rooms whose servers are remembered at once, at most.
+const HOSTS_CACHED: usize = 10_000;
+/// The largest answer read from the homeserver (a big room's member
+/// list); a longer one is an error, never a truncated list.
+const HOMESERVER_ANSWER_MAX: u64 = 16 << 20;
 /// Rows of history kept (older ranges are answered per room).
 const HISTORY_ROWS: usize = 10_000;
 /// Answers kept in [`TypingWriter::answered`].
 const ANSWERED_KEPT: usize = 1000;
 
 /// Who the writer is and where it listens.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
     /// The deployment's config (server name, Redis, `stream_writers`,
     /// `instance_map`, `worker_replication_secret`).
@@ -48,6 +61,24 @@ pub struct Options {
     /// The homeserver's client API, to check access tokens and
     /// memberships (`http://127.0.0.1:8008`).
     pub homeserver: String,
+    /// A server admin's access token on `homeserver`, for the admin API
+    /// that says which servers are in a room (inbound federation typing).
+    pub admin_token: Option<String>,
+}
+
+// By hand: the admin token never shows (the config redacts its secrets).
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("synapse", &self.synapse)
+            .field("instance", &self.instance)
+            .field("homeserver", &self.homeserver)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 /// The state of typing: `TypingWriterHandler`'s, in Rust.
@@ -71,11 +102,67 @@ pub struct TypingWriter {
     rows: mpsc::UnboundedSender<(Token, RawRow)>,
     auth: Mutex<HashMap<String, (Instant, Option<String>)>>,
     members: Mutex<HashMap<(String, String), (Instant, bool)>>,
+    /// This homeserver's name, to check that it is in a room.
+    server_name: String,
+    /// A server admin's token, for the admin API's room members.
+    admin_token: Option<String>,
+    /// The servers with a joined user, per room, and when asked.
+    hosts: Mutex<HashMap<String, (Instant, Hosts)>>,
+    /// The `fed_send_edu` txn ids answered.
+    txns: Mutex<federation::TxnMemory>,
+    /// What became of the forwarded EDUs.
+    pub edus: EduCounters,
     /// Every catch-up request served, for tests and logs.
     pub served: Arc<Mutex<Vec<CatchUpRequest>>>,
     /// The latest requests of other routes, as `(method, path, status)`:
     /// what Synapse calls on a typing writer, for tests and logs.
     pub answered: Mutex<VecDeque<(String, String, u16)>>,
+}
+
+/// The servers with a joined user in a room.
+type Hosts = Arc<BTreeSet<String>>;
+
+/// What became of the typing EDUs Synapse forwarded.
+#[derive(Debug, Default)]
+pub struct EduCounters {
+    /// Applied: the user's typing started or stopped.
+    pub applied: AtomicU64,
+    /// Answered, not applied: by Synapse's rules (a user not of the
+    /// origin, a server not in the room) or because the membership could
+    /// not be checked.
+    pub ignored: AtomicU64,
+    /// Retries of a txn id already answered: answered again, not applied.
+    pub repeated: AtomicU64,
+    /// Refused as malformed (4xx).
+    pub refused: AtomicU64,
+}
+
+impl EduCounters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(applied, ignored, repeated, refused)` so far.
+    pub fn get(&self) -> (u64, u64, u64, u64) {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        (
+            get(&self.applied),
+            get(&self.ignored),
+            get(&self.repeated),
+            get(&self.refused),
+        )
+    }
+}
+
+/// Whether a forwarded EDU may be applied (`_recv_edu`'s checks).
+enum Verdict {
+    /// Every check passed.
+    Apply,
+    /// Synapse would drop it too: answered and remembered, not applied.
+    Ignore(String),
+    /// The checks could not be made: answered but not remembered (a
+    /// retry is checked again), not applied.
+    Unchecked(String),
 }
 
 /// The history, recording what it is asked.
@@ -125,9 +212,21 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         rows: rows_in,
         auth: Mutex::new(HashMap::new()),
         members: Mutex::new(HashMap::new()),
+        server_name: options.synapse.server_name().to_owned(),
+        admin_token: options.admin_token.clone(),
+        hosts: Mutex::new(HashMap::new()),
+        txns: Mutex::new(federation::TxnMemory::default()),
+        edus: EduCounters::default(),
         served: served.clone(),
         answered: Mutex::new(VecDeque::new()),
     });
+
+    if writer.admin_token.is_none() {
+        eprintln!(
+            "typing writer: no admin token: typing EDUs from federation are answered but not \
+             applied, for the servers in a room cannot be checked"
+        );
+    }
 
     let endpoint = CatchUpEndpoint::new(
         instance.clone(),
@@ -185,7 +284,11 @@ async fn redis_task(
                 None => return,
                 Some(RedisClientEvent::Rows { stream: StreamName::Events, rows, .. }) => {
                     for row in &rows {
-                        if let Some((room, user)) = left_room(row) {
+                        let Some((room, user, membership)) = membership(row) else {
+                            continue;
+                        };
+                        writer.forget_hosts(&room);
+                        if membership != "join" {
                             writer.stopped(&room, &user);
                         }
                     }
@@ -199,21 +302,22 @@ async fn redis_task(
     }
 }
 
-/// Who left which room, if `row` of the `events` stream says so: an
-/// `m.room.member` event whose membership is not `join`.
-fn left_room(row: &RawRow) -> Option<(String, String)> {
+/// `(room, user, membership)` of an `m.room.member` event, if `row` of
+/// the `events` stream is one.
+fn membership(row: &RawRow) -> Option<(String, String, String)> {
     let row: Value = row.parse().ok()?;
     if row.get(0)?.as_str()? != "ev" {
         return None;
     }
     let data = row.get(1)?;
     // [event_id, room_id, type, state_key, redacts, relates_to, membership, ...]
-    if data.get(2)?.as_str()? != "m.room.member" || data.get(6)?.as_str()? == "join" {
+    if data.get(2)?.as_str()? != "m.room.member" {
         return None;
     }
     Some((
         data.get(1)?.as_str()?.to_owned(),
         data.get(3)?.as_str()?.to_owned(),
+        data.get(6)?.as_str()?.to_owned(),
     ))
 }
 
@@ -301,7 +405,10 @@ impl TypingWriter {
     /// route Synapse calls that this writer does not serve shows here).
     pub async fn answer(&self, request: HttpRequest) -> HttpResponse {
         let (method, path) = (request.method.clone(), request.path.clone());
-        let response = self.client_api(request).await;
+        let response = match federation::route(&request.path) {
+            Some((edu_type, txn_id)) => self.fed_send_edu(request, &edu_type, &txn_id).await,
+            None => self.client_api(request).await,
+        };
         eprintln!("typing writer: {method} {path} -> {}", response.status);
         let mut answered = lock(&self.answered);
         if answered.len() >= ANSWERED_KEPT {
@@ -309,6 +416,152 @@ impl TypingWriter {
         }
         answered.push_back((method, path, response.status));
         response
+    }
+
+    /// `POST /_synapse/replication/fed_send_edu/m.typing/<txn_id>` (the
+    /// server already checked the replication secret): a typing EDU from
+    /// a remote server, applied as `TypingWriterHandler._recv_edu` does,
+    /// at most once per txn id, and answered 200 whatever the checks said
+    /// (as Synapse answers): only a malformed request is refused.
+    pub async fn fed_send_edu(
+        &self,
+        request: HttpRequest,
+        edu_type: &str,
+        txn_id: &str,
+    ) -> HttpResponse {
+        let edu = match federation::parse(&request.method, edu_type, &request.body) {
+            Ok(edu) => edu,
+            Err(error) => {
+                EduCounters::bump(&self.edus.refused);
+                eprintln!("typing writer: refused a forwarded EDU: {error}");
+                return error.response();
+            }
+        };
+        if lock(&self.txns).contains(txn_id, Instant::now()) {
+            EduCounters::bump(&self.edus.repeated);
+            return self.edu_answer();
+        }
+        let verdict = self.check_edu(&edu).await;
+        // Checked and applied under the lock: two requests with one txn id
+        // apply at most once.
+        let mut txns = lock(&self.txns);
+        let now = Instant::now();
+        if txns.contains(txn_id, now) {
+            EduCounters::bump(&self.edus.repeated);
+            return self.edu_answer();
+        }
+        match verdict {
+            Verdict::Apply => {
+                EduCounters::bump(&self.edus.applied);
+                if edu.typing {
+                    self.started(
+                        &edu.room_id,
+                        &edu.user_id,
+                        federation::FEDERATION_TIMEOUT,
+                        now,
+                    );
+                } else {
+                    self.stopped(&edu.room_id, &edu.user_id);
+                }
+            }
+            Verdict::Ignore(why) => {
+                EduCounters::bump(&self.edus.ignored);
+                eprintln!(
+                    "typing writer: ignoring typing of {} in {} from {}: {why}",
+                    edu.user_id, edu.room_id, edu.origin
+                );
+            }
+            Verdict::Unchecked(why) => {
+                EduCounters::bump(&self.edus.ignored);
+                eprintln!(
+                    "typing writer: not applying typing of {} in {} from {}: {why}",
+                    edu.user_id, edu.room_id, edu.origin
+                );
+                return self.edu_answer();
+            }
+        }
+        txns.insert(txn_id, now);
+        drop(txns);
+        self.edu_answer()
+    }
+
+    /// The answer to a forwarded EDU: Synapse's replication endpoints
+    /// answer with the positions of the streams their process writes
+    /// (`_stream_positions`), and the caller waits until it has seen them,
+    /// so that the typing is in its `/sync` once the call returns.
+    fn edu_answer(&self) -> HttpResponse {
+        let body = json!({"_stream_positions": {"typing": self.token().get()}});
+        HttpResponse::new(200, body.to_string())
+    }
+
+    /// `_recv_edu`'s checks: the user is of the origin, and this server
+    /// and the origin are both in the room. The servers in a room come
+    /// from the admin API (`GET /_synapse/admin/v1/rooms/{roomId}/members`,
+    /// the joined users, as `get_current_hosts_in_room` derives them):
+    /// the client API shows a room's members only to a member, and no
+    /// member's token is at hand for a remote user's EDU.
+    async fn check_edu(&self, edu: &federation::TypingEdu) -> Verdict {
+        if edu.user_server() != edu.origin {
+            return Verdict::Ignore(format!("the user is not of the origin {}", edu.origin));
+        }
+        let Some(admin_token) = &self.admin_token else {
+            return Verdict::Unchecked("no admin token to check the room's servers".into());
+        };
+        let hosts = match self.hosts_in_room(admin_token, &edu.room_id).await {
+            Ok(hosts) => hosts,
+            Err(error) => return Verdict::Unchecked(format!("room members: {error}")),
+        };
+        if !hosts.contains(&self.server_name) {
+            Verdict::Ignore("this server is not in the room".into())
+        } else if !hosts.contains(&edu.origin) {
+            Verdict::Ignore("the origin is not in the room".into())
+        } else {
+            Verdict::Apply
+        }
+    }
+
+    /// The servers with a joined user in `room` (none for a room the
+    /// homeserver does not know), cached briefly.
+    async fn hosts_in_room(&self, admin_token: &str, room: &str) -> io::Result<Hosts> {
+        if let Some((at, hosts)) = lock(&self.hosts).get(room)
+            && at.elapsed() < AUTH_CACHE
+        {
+            return Ok(hosts.clone());
+        }
+        let path = format!("/_synapse/admin/v1/rooms/{}/members", quote(room));
+        let (status, body) = get(&self.homeserver, &path, admin_token).await?;
+        let hosts: BTreeSet<String> = match status {
+            200 => body
+                .get("members")
+                .and_then(Value::as_array)
+                .ok_or_else(|| io::Error::other("room members answered without members"))?
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(|user| user.split_once(':').map(|(_, server)| server.to_owned()))
+                .collect(),
+            // An unknown room, or not a room id: no server is in it.
+            400 | 404 => BTreeSet::new(),
+            _ => {
+                return Err(io::Error::other(format!(
+                    "room members answered {status}: {body}"
+                )));
+            }
+        };
+        let hosts = Arc::new(hosts);
+        let mut cache = lock(&self.hosts);
+        if cache.len() >= HOSTS_CACHED {
+            cache.retain(|_, (at, _)| at.elapsed() < AUTH_CACHE);
+            if cache.len() >= HOSTS_CACHED {
+                cache.clear();
+            }
+        }
+        cache.insert(room.to_owned(), (Instant::now(), hosts.clone()));
+        Ok(hosts)
+    }
+
+    /// Forgets the servers of `room` (a membership changed).
+    fn forget_hosts(&self, room: &str) {
+        lock(&self.hosts).remove(room);
     }
 
     /// `PUT /_matrix/client/{v3,r0,unstable}/rooms/{roomId}/typing/{userId}`.
@@ -479,7 +732,13 @@ async fn get(base: &str, path: &str, token: &str) -> io::Result<(u16, Value)> {
         );
         socket.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
-        socket.take(1 << 20).read_to_end(&mut answer).await?;
+        socket
+            .take(HOMESERVER_ANSWER_MAX + 1)
+            .read_to_end(&mut answer)
+            .await?;
+        if answer.len() as u64 > HOMESERVER_ANSWER_MAX {
+            return Err(io::Error::other("the homeserver's answer is too long"));
+        }
         Ok::<_, io::Error>(answer)
     };
     let timeout = async {
