@@ -2,20 +2,26 @@
 //! catch-up answers (honest or not), under tiny limits, and checks after
 //! every step what the follower promises:
 //!
-//! - rows of a (stream, writer) come in strictly increasing token order,
-//!   positions never go backwards but through a reset, a writer starts
-//!   only where it had no position, and `position()` agrees with what the
-//!   events said;
-//! - a catch-up starts at the writer's position and asks for a non-empty
-//!   range; at most one is outstanding per (stream, writer); caught-up rows
-//!   lie in the range asked for, and no live rows of a writer come while
-//!   its catch-up is outstanding;
+//! - rows of a (stream, writer) come above where following started (its
+//!   first position, a seed, a reset), never the same rows at the same
+//!   token twice; `resume_point()` is the highest token delivered (or the
+//!   start) and `position()` is never below it; position events are not
+//!   below it either; a writer starts only where it had no position (or
+//!   was forgotten);
+//! - a catch-up asks for a non-empty range above the start; at most one
+//!   is outstanding per (stream, writer); caught-up rows lie in the range
+//!   asked for, and no live rows of a writer come while its catch-up is
+//!   outstanding;
 //! - rejected commands, own echoes and refused catch-up pages change
 //!   nothing; rejections are for non-writers, or at the pair limit;
-//! - held bytes, held commands (per writer waiting) and tracked pairs
-//!   stay within the limits.
+//! - held bytes, held commands (per writer waiting) and the pairs of
+//!   writers the configuration does not name stay within the limits.
+//!
+//! Inputs speak in any writer's name, so every line may be forged: rows
+//! below the last delivered, and positions that go down, are what the
+//! follower does when a forged line is refuted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -63,13 +69,25 @@ impl Input<'_> {
 
 type Pair = (StreamName, InstanceName);
 
+/// Rows delivered at one token, as bytes.
+type Delivery = (Token, Vec<Vec<u8>>);
+
 struct Harness {
     follower: Follower,
     /// Every (stream, writer) the input can name.
     all_pairs: Vec<Pair>,
     registry: Arc<dyn WriterRegistry>,
-    /// What the events said each position is.
+    /// Where following started (first position, seed, reset).
+    starts: HashMap<Pair, Token>,
+    /// The highest token delivered, or the start.
     positions: HashMap<Pair, Token>,
+    /// Every (token, rows) delivered since the start.
+    delivered: HashMap<Pair, HashSet<Delivery>>,
+    /// Pairs the configuration names: not counted by the limit.
+    configured: usize,
+    /// Pairs whose start is only their first announcement, with no row
+    /// since: a lower announcement moves the start down.
+    claimed: HashSet<Pair>,
     /// Outstanding catch-ups, by (stream, writer).
     catch_ups: HashMap<Pair, CatchUpRequest>,
     /// Every id ever handed out (to answer stale ones).
@@ -88,7 +106,7 @@ impl Harness {
         let f = &self.follower;
         let limits = f.limits();
         assert!(f.buffered_bytes() <= limits.max_buffered_bytes);
-        assert!(f.tracked_pairs() <= limits.max_tracked_pairs);
+        assert!(f.tracked_pairs() <= limits.max_tracked_pairs + self.configured);
         // Commands are held per writer, behind its outstanding catch-up.
         for s in STREAMS {
             let stream = StreamName::from(s);
@@ -98,10 +116,11 @@ impl Harness {
         for pair in &self.all_pairs {
             let (s, w) = pair;
             let expected = self.positions.get(pair).copied();
-            let actual = f.position(s, w);
+            let actual = f.resume_point(s, w);
             // A pair seen for the first time may have no event yet (no position).
             if expected.is_some() || actual.is_some() {
-                assert_eq!(actual, expected, "position of {s} {w}");
+                assert_eq!(actual, expected, "resume point of {s} {w}");
+                assert!(f.position(s, w) >= actual, "position of {s} {w}");
             }
             if w.as_str() == "me" {
                 assert_eq!(actual, None, "own positions are never tracked");
@@ -128,9 +147,19 @@ impl Harness {
                 } => {
                     assert!(!rows.is_empty());
                     let key = (stream.clone(), writer.clone());
-                    if let Some(last) = self.positions.get(&key) {
-                        assert!(token > *last, "rows {stream} {writer} {token} after {last}");
-                    }
+                    let start = self.starts.get(&key).copied();
+                    assert!(
+                        start.is_some_and(|start| token > start),
+                        "rows {stream} {writer} {token}, started at {start:?}"
+                    );
+                    let bytes = rows.iter().map(|r| r.as_bytes().to_vec()).collect();
+                    assert!(
+                        self.delivered
+                            .entry(key.clone())
+                            .or_default()
+                            .insert((token, bytes)),
+                        "rows {stream} {writer} {token} delivered twice"
+                    );
                     if source == RowSource::CatchUp {
                         let request = self.catch_ups.get(&key).expect("rows of no catch-up");
                         assert!(request.from < token && token <= request.to);
@@ -140,7 +169,9 @@ impl Harness {
                             "live rows while the writer waits"
                         );
                     }
-                    self.positions.insert(key, token);
+                    self.claimed.remove(&key);
+                    let last = self.positions.entry(key).or_insert(token);
+                    *last = (*last).max(token);
                 }
                 FollowerEvent::Position {
                     stream,
@@ -148,17 +179,17 @@ impl Harness {
                     token,
                 } => {
                     let key = (stream.clone(), writer.clone());
-                    if let Some(last) = self.positions.get(&key) {
+                    let below = self.positions.get(&key).copied().filter(|last| token < *last);
+                    if let Some(last) = below {
                         assert!(
-                            token >= *last,
-                            "position {stream} {writer} {token} after {last}"
+                            self.claimed.contains(&key),
+                            "position {stream} {writer} {token} below the rows, at {last}"
                         );
+                        self.restart(key.clone(), token);
+                        self.claimed.insert(key.clone());
                     }
                     // A position ends the catch-up of this writer, if any.
-                    if let Some(request) = self.catch_ups.remove(&key) {
-                        assert_eq!(request.to, token);
-                    }
-                    self.positions.insert(key, token);
+                    self.catch_ups.remove(&key);
                 }
                 FollowerEvent::Started {
                     stream,
@@ -169,7 +200,8 @@ impl Harness {
                     let key = (stream, writer);
                     assert_eq!(self.positions.get(&key), None, "started again at {token}");
                     assert!(!self.catch_ups.contains_key(&key));
-                    self.positions.insert(key, token);
+                    self.restart(key.clone(), token);
+                    self.claimed.insert(key);
                 }
                 FollowerEvent::Reset {
                     stream,
@@ -178,23 +210,24 @@ impl Harness {
                     new,
                 } => {
                     let key = (stream.clone(), writer.clone());
-                    assert_eq!(self.positions.get(&key), Some(&previous));
                     assert!(new < previous);
                     assert_eq!(stream, StreamName::Typing, "only typing resets here");
-                    self.positions
-                        .insert(key, if new > Token(0) { Token(0) } else { new });
+                    self.restart(key, if new > Token(0) { Token(0) } else { new });
                 }
                 FollowerEvent::CatchUp(request) => {
                     assert!(request.from < request.to, "{request}");
                     let key = (request.stream.clone(), request.writer.clone());
-                    let position = self.positions.get(&key).copied();
+                    let start = self.starts.get(&key).copied();
                     match self.catch_ups.get(&key) {
                         // The next page (or a retry) of the same catch-up.
                         Some(previous) => {
                             assert_eq!(previous.to, request.to);
                             assert!(request.from >= previous.from);
                         }
-                        None => assert_eq!(Some(request.from), position, "{request}"),
+                        None => assert!(
+                            start.is_some_and(|start| request.from >= start),
+                            "{request}, started at {start:?}"
+                        ),
                     }
                     self.ids.push(request.id);
                     self.catch_ups.insert(key, request);
@@ -208,15 +241,35 @@ impl Harness {
                     RejectReason::NotAWriter => {
                         assert!(!self.registry.may_write(&stream, &instance))
                     }
-                    RejectReason::TooManyWriters => assert_eq!(
-                        self.follower.tracked_pairs(),
-                        self.follower.limits().max_tracked_pairs
+                    RejectReason::TooManyWriters => assert!(
+                        self.follower.tracked_pairs() >= self.follower.limits().max_tracked_pairs
                     ),
                     _ => {}
                 },
+                FollowerEvent::Forgotten { stream, writer, .. } => {
+                    let key = (stream, writer);
+                    assert!(!self.catch_ups.contains_key(&key), "forgotten while caught up");
+                    assert!(!self.registry.is_configured(&key.0, &key.1));
+                    self.forget(&key);
+                }
                 _ => {}
             }
         }
+    }
+
+    /// Following `key` starts (again) at `token`.
+    fn restart(&mut self, key: Pair, token: Token) {
+        self.claimed.remove(&key);
+        self.starts.insert(key.clone(), token);
+        self.positions.insert(key.clone(), token);
+        self.delivered.remove(&key);
+    }
+
+    fn forget(&mut self, key: &Pair) {
+        self.claimed.remove(key);
+        self.starts.remove(key);
+        self.positions.remove(key);
+        self.delivered.remove(key);
     }
 
     /// Applies a command; rejected or echoed ones must change nothing.
@@ -371,10 +424,10 @@ impl Harness {
                 if input.byte()? % 2 == 0 {
                     let token = input.token(Token(0))?;
                     if self.follower.set_position(&stream, &writer, token).is_ok() {
-                        self.positions.insert((stream, writer), token);
+                        self.restart((stream, writer), token);
                     }
                 } else if self.follower.forget_writer(&stream, &writer) {
-                    self.positions.remove(&(stream, writer));
+                    self.forget(&(stream, writer));
                 }
                 self.drain();
             }
@@ -405,7 +458,7 @@ fn registry() -> Arc<dyn WriterRegistry> {
 /// Runs one input through the checks; panics where one fails.
 pub fn check(data: &[u8]) {
     let registry = registry();
-    let all_pairs = STREAMS
+    let all_pairs: Vec<Pair> = STREAMS
         .iter()
         .flat_map(|s| {
             WRITERS
@@ -413,6 +466,10 @@ pub fn check(data: &[u8]) {
                 .map(move |w| (StreamName::from(*s), InstanceName::from(*w)))
         })
         .collect();
+    let configured = all_pairs
+        .iter()
+        .filter(|(s, w)| registry.is_configured(s, w))
+        .count();
     let mut limits = FollowerLimits::default();
     limits.max_queued_commands = 4;
     limits.max_batch_rows = 3;
@@ -422,7 +479,11 @@ pub fn check(data: &[u8]) {
         follower: Follower::with_limits(InstanceName::from("me"), registry.clone(), limits),
         all_pairs,
         registry,
+        starts: HashMap::new(),
         positions: HashMap::new(),
+        delivered: HashMap::new(),
+        configured,
+        claimed: HashSet::new(),
         catch_ups: HashMap::new(),
         ids: Vec::new(),
     };

@@ -14,8 +14,13 @@ use super::Rows;
 pub enum FollowerEvent {
     /// Rows of one token, to apply together (a batch is never split).
     ///
-    /// Rows of one (stream, writer) come in strictly increasing token order,
-    /// each exactly once, unless a [`FollowerEvent::Reset`] intervenes.
+    /// Rows of one (stream, writer) come each exactly once, in the order
+    /// the writer wrote them, unless a [`FollowerEvent::Reset`] intervenes:
+    /// in strictly increasing token order, but where a forged line came
+    /// between (see the follower's "Forged lines"): the writer's rows a
+    /// forged row jumped over then come after it, at lower tokens, and a
+    /// row of the writer's at a forged row's token comes at that token
+    /// again.
     Rows {
         /// The stream.
         stream: StreamName,
@@ -29,7 +34,11 @@ pub enum FollowerEvent {
         source: RowSource,
     },
     /// The writer's position moved to `token` without rows (a `POSITION`
-    /// with nothing missed, the end of a catch-up).
+    /// with nothing missed, the end of a catch-up). It goes down only when
+    /// a claim is found false (see the follower's "Forged lines"), and
+    /// never below the rows delivered, but for a writer that has
+    /// delivered none since it [`FollowerEvent::Started`]: a lower
+    /// announcement then moves its start down.
     Position {
         /// The stream.
         stream: StreamName,
