@@ -689,7 +689,7 @@ fn multi_writer_deployment_through_faults() {
                     &alice,
                     typing_room,
                     &alice_id,
-                    (round / room_list.len()) % 2 == 0,
+                    (round / room_list.len()).is_multiple_of(2),
                 ));
                 let answers = deployment.requests(&requests, 4);
                 let mut load = load.lock().unwrap_or_else(|e| e.into_inner());
