@@ -75,13 +75,15 @@ pub struct RedisCounters {
     pub closes: BTreeMap<&'static str, u64>,
     /// `RDATA`s and `POSITION`s naming this process as their sender beyond
     /// what it published itself: another process publishes under its
-    /// instance name (a worker started twice, or two configured alike).
+    /// instance name (a worker started twice, two configured alike, or a
+    /// second deployment with the same server name on this Redis).
     /// They are ignored, as this process's own echoes are (Synapse does
     /// the same), counted here, and warned about (see [`RedisSession`](crate::session::RedisSession)).
     pub impostor_echoes: u64,
     /// Warnings not logged because one of their kind was logged less than
     /// [`RedisSession::WARNING_INTERVAL`](crate::session::RedisSession::WARNING_INTERVAL) before (malformed messages,
-    /// impostor echoes); the next one logged says how many it stands for.
+    /// impostor echoes, commands from a non-writer); the next one logged
+    /// says how many it stands for.
     pub suppressed_warnings: u64,
 }
 

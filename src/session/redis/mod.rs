@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, Follower, WriteError, Writer};
+use crate::positions::{
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, RejectReason, WriteError, Writer,
+};
 use crate::resp::{self, Credentials, Frame, Hello, Incoming, Protocol, SubscriptionKind};
-use crate::wire::{Command, CommandKind, Decoder, RawRow, StreamName, Token};
+use crate::wire::{Command, CommandKind, Decoder, InstanceName, RawRow, StreamName, Token};
 
 use super::SendError;
 use link::{EchoTally, Expect, Link, RateLimited, is_ok, own_echo, unexpected, usable};
@@ -92,10 +94,20 @@ use link::{EchoTally, Expect, Link, RateLimited, is_ok, own_echo, unexpected, us
 ///   on their way, so until the next subscription that many impostor
 ///   commands may pass as echoes: the count is a lower bound, never a
 ///   false alarm.
-/// - Warnings (malformed messages, impostor echoes) go through `tracing`,
-///   at most one of each kind per [`RedisSession::WARNING_INTERVAL`]; the
-///   others are counted in [`RedisCounters::suppressed_warnings`], and the
-///   events and counters report every message.
+/// - `RDATA` and `POSITION` from an instance the [`Follower`]'s registry
+///   does not list as a writer of the stream are rejected by the follower
+///   ([`FollowerEvent::Rejected`] with [`RejectReason::NotAWriter`]) and
+///   warned about as the sign of a second deployment on this Redis:
+///   pub/sub ignores the database number, so two deployments with one
+///   server name hear each other whatever `SELECT` says. Give each its own
+///   server name or its own Redis. (Rows of a stream every process writes,
+///   `caches`, cannot be told apart; a process of the other deployment
+///   with this one's name shows as impostor echoes.)
+/// - Warnings (malformed messages, impostor echoes, commands from a
+///   non-writer) go through `tracing`, at most one of each kind per
+///   [`RedisSession::WARNING_INTERVAL`]; the others are counted in
+///   [`RedisCounters::suppressed_warnings`], and the events and counters
+///   report every message.
 ///
 /// Its [`Debug`] output never shows a secret: of the bytes waiting to be
 /// sent or decoded (an `AUTH` with the password, a `USER_IP` with an
@@ -129,6 +141,8 @@ pub struct RedisSession {
     malformed_warning: RateLimited,
     /// The warning about impostor echoes.
     impostor_warning: RateLimited,
+    /// The warning about commands from an instance that is not a writer.
+    not_a_writer_warning: RateLimited,
 }
 
 impl fmt::Debug for RedisSession {
@@ -173,11 +187,13 @@ impl RedisSession {
             echoes: EchoTally::default(),
             malformed_warning: RateLimited::default(),
             impostor_warning: RateLimited::default(),
+            not_a_writer_warning: RateLimited::default(),
         }
     }
 
     /// The shortest time between two warnings of one kind (malformed
-    /// messages, impostor echoes) logged through `tracing` (10 s).
+    /// messages, impostor echoes, commands from a non-writer) logged
+    /// through `tracing` (10 s).
     pub const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
     fn tick(&mut self, now: Instant) -> Instant {
@@ -596,7 +612,36 @@ impl RedisSession {
                 total = self.counters.impostor_echoes,
                 suppressed,
                 "another process publishes under this process's instance name; \
-                 its RDATA and POSITION are ignored as this process's own"
+                 its RDATA and POSITION are ignored as this process's own \
+                 (a process started twice, or a second deployment with the same \
+                 server name on this Redis: give each deployment its own server \
+                 name or its own Redis)"
+            ),
+            None => self.counters.suppressed_warnings += 1,
+        }
+    }
+
+    /// The follower rejected a stream command from `sender`, which the
+    /// configuration does not list as a writer of `stream`: warned about
+    /// (rows never reach the application).
+    #[cold]
+    fn not_a_writer(&mut self, stream: &StreamName, sender: &InstanceName, command: CommandKind) {
+        let Some(now) = self.now else {
+            return;
+        };
+        match self.not_a_writer_warning.allow(now) {
+            Some(suppressed) => tracing::warn!(
+                instance = %self.follower.own_name(),
+                %stream,
+                %sender,
+                %command,
+                rejected = self.follower.counters().rejected,
+                suppressed,
+                "ignored RDATA or POSITION from an instance the configuration does not \
+                 list as a writer of the stream: a second deployment with the same \
+                 server name may share this Redis (pub/sub ignores the database \
+                 number); give each deployment its own server name or its own Redis \
+                 (or, within one deployment, make stream_writers agree)"
             ),
             None => self.counters.suppressed_warnings += 1,
         }
@@ -833,6 +878,15 @@ impl RedisSession {
         }
         if let Some(event) = self.follower.poll_event() {
             self.follower_taken += 1;
+            if let FollowerEvent::Rejected {
+                stream,
+                instance,
+                command,
+                reason: RejectReason::NotAWriter,
+            } = &event
+            {
+                self.not_a_writer(stream, instance, *command);
+            }
             return Some(RedisEvent::Follower(event));
         }
         // Only if the application took the follower's events itself

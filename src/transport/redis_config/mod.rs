@@ -32,6 +32,18 @@ use crate::session::RedisAuth;
 /// opens a connection; call it again to reconnect. Its [`Debug`] output
 /// hides the password.
 ///
+/// **One Redis, one deployment (per server name).** Redis pub/sub ignores
+/// the database number: two deployments with the same server name (the
+/// channel prefix) on one Redis hear each other's commands whatever
+/// [`database`](RedisConfig::database) says. Give each deployment its own
+/// server name, or its own Redis. What can be detected is warned about
+/// (rate limited, see [`RedisSession`](crate::session::RedisSession)):
+/// `RDATA`/`POSITION` from an instance the configuration does not list as
+/// a writer of the stream (rejected, never delivered), and commands under
+/// this process's own name that it did not send
+/// ([`RedisCounters::impostor_echoes`](crate::session::RedisCounters::impostor_echoes)).
+/// Rows of `caches`, which every process writes, cannot be told apart.
+///
 /// ```
 /// use synapse_replication::transport::{RedisConfig, RedisEndpoint};
 ///
@@ -136,8 +148,9 @@ impl RedisConfig {
         self
     }
 
-    /// With this database (`SELECT`; pub/sub ignores it, but Synapse
-    /// selects it on its publishing connection).
+    /// With this database (`SELECT`; pub/sub ignores it, so it does not
+    /// keep two deployments apart, but Synapse selects it on its publishing
+    /// connection).
     #[must_use]
     pub fn with_database(mut self, database: u32) -> RedisConfig {
         self.database = Some(database);
