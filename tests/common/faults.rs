@@ -1,8 +1,8 @@
-//! Tools for the fault tests (`tests/faults.rs`, `tests/soak.rs`): a raw
-//! Redis connection (an admin that outlives a password change, a publisher
-//! that is not one of ours), a `tracing` subscriber that keeps the warnings
-//! logged on the test's thread, a small seeded random generator, and the
-//! process's resident memory.
+//! Tools for the fault tests (`tests/faults.rs`, `tests/partitions.rs`,
+//! `tests/soak.rs`): a raw Redis connection (an admin that outlives a
+//! password change, a publisher that is not one of ours), a `tracing`
+//! subscriber that keeps the warnings logged on the test's thread, a small
+//! seeded random generator, and the process's resident memory.
 
 use std::fmt;
 use std::io::{Read, Write};

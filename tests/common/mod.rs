@@ -8,6 +8,7 @@ pub mod federation;
 #[cfg(unix)]
 pub mod nodes;
 pub mod pair;
+pub mod proxy;
 #[cfg(unix)]
 pub mod redis_server;
 pub mod redis_session;

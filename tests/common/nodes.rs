@@ -2,9 +2,10 @@
 //! [`run_until`] and [`run_for`] poll every client from one task (until a
 //! condition holds, or for a while) for any [`Process`]: the Redis client,
 //! Sentinel and fault tests each keep their own. [`Node`] is the fault
-//! tests' (`tests/faults.rs`, `tests/soak.rs`), with writers' logs that are
-//! checked as rows arrive and trimmed once delivered, so that a long run
-//! holds no more than what is in flight.
+//! tests' (`tests/faults.rs`, `tests/partitions.rs`, `tests/soak.rs`),
+//! with writers' logs that are checked as rows arrive and trimmed once
+//! delivered, so that a long run holds no more than what is in flight.
+//! One follower per (stream, writer): the first to receive a row trims it.
 //!
 //! Each writer's rows go to its [`Logs`] as it writes them; a follower's
 //! catch-ups are served from them ([`LogSource`]); every row a follower
@@ -25,7 +26,7 @@ use synapse_replication::transport::{
     Runtime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
+use synapse_replication::writers::{StreamWriters, WriterRegistry};
 
 /// The channel prefix (the deployment's server name).
 pub const PREFIX: &str = "test.example";
@@ -242,6 +243,20 @@ impl Node {
         tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
     ) -> Node {
         let registry = Arc::new(StreamWriters::default().with_redis(true));
+        Node::with_registry(name, runtime, config, logs, client, registry, tune)
+    }
+
+    /// [`Node::new`] with the deployment's `stream_writers` given
+    /// (`registry`) rather than Synapse's defaults.
+    pub fn with_registry(
+        name: &'static str,
+        runtime: Rt,
+        config: RedisConfig,
+        logs: &Logs,
+        client: RedisClientConfig,
+        registry: Arc<dyn WriterRegistry>,
+        tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
+    ) -> Node {
         let me = InstanceName::from(name);
         let mut options = config.session_config(PREFIX);
         options.client_name = Some(name.to_owned());

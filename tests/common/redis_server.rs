@@ -418,11 +418,18 @@ impl RedisServer {
                     return false;
                 }
             }
-            if let Ok(Frame::SimpleString(pong)) = self.try_command(&["PING"]) {
-                if &pong[..] == b"PONG" {
+            match self.try_command(&["PING"]) {
+                Ok(Frame::SimpleString(pong)) if &pong[..] == b"PONG" => {
                     self.create_users();
                     return true;
                 }
+                // Up, and loading its dataset (a restart with an RDB
+                // file): it answers, but refuses PING for now.
+                Ok(Frame::Error(error)) if error.starts_with(b"LOADING") => {
+                    self.create_users();
+                    return true;
+                }
+                _ => {}
             }
             sleep(Duration::from_millis(20));
         }
@@ -615,8 +622,10 @@ impl RedisServer {
 
     /// Stops the server if it runs, then starts it again on the same
     /// ports, socket and certificates, with the same users (its data is
-    /// gone: there is no persistence). Panics if the port was taken in
-    /// between.
+    /// gone: there is no persistence, unless the test made an RDB file
+    /// with `SAVE`, which it then loads, answering `-LOADING` meanwhile:
+    /// this returns as soon as it answers). Panics if the port was taken
+    /// in between.
     pub fn restart(&mut self) {
         self.stop();
         // The old listening socket can linger briefly; retry a little.
@@ -630,6 +639,16 @@ impl RedisServer {
             "redis-server did not start again on its port; its log:\n{}",
             self.log_tail()
         );
+    }
+
+    /// Whether the server is still loading its dataset (`loading:1` in
+    /// `INFO persistence`, which Redis answers while loading).
+    pub fn is_loading(&self) -> bool {
+        let info = self.command(&["INFO", "persistence"]);
+        info.as_bytes().is_some_and(|text| {
+            text.split(|b| *b == b'\n')
+                .any(|line| line.starts_with(b"loading:1"))
+        })
     }
 
     /// Freezes the server with SIGSTOP: connections stay open, nothing
