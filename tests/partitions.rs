@@ -94,7 +94,7 @@ fn worker_node(config: &RedisConfig, logs: &Logs, tune: impl Fn(&mut RedisSessio
 
 /// Token `n` of `events` on `writer`: every third a batch of three rows.
 fn write_event(writer: &mut Node, n: u64) {
-    let parts = if n % 3 == 0 { 3 } else { 1 };
+    let parts = if n.is_multiple_of(3) { 3 } else { 1 };
     let rows = (0..parts)
         .map(|part| row(&StreamName::Events, n, part, 0))
         .collect();

@@ -138,34 +138,40 @@ fn known_index(stream: &StreamName) -> Option<usize> {
 }
 
 /// A fingerprint of a row, never 0: enough to tell a row from another at
-/// the same token, which a forger would have to predict. Rows up to 128
-/// bytes are read whole; longer ones by their length, both ends and their
-/// middle (where the ids are), so that its cost stays flat.
+/// the same token, which a forger would have to predict. Its length and
+/// four words of it (both ends, and two inside, where the ids are): it
+/// runs on every row delivered, so its cost stays a few instructions
+/// whatever the row's size.
+#[inline]
 fn fingerprint(row: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
-    fn mix(mut hash: u64, bytes: &[u8]) -> u64 {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            hash = (hash.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+    let mix = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
+    let word = |at: usize| {
+        let mut word = [0u8; 8];
+        if let Some(bytes) = row.get(at..at + 8) {
+            word.copy_from_slice(bytes);
         }
-        for &byte in chunks.remainder() {
-            hash = (hash.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
-        }
-        hash
-    }
-    let len = row.len();
-    let hash = if len <= 128 {
-        mix(len as u64, row)
-    } else {
-        let middle = len / 2 - 16;
-        let hash = mix(len as u64, &row[..32]);
-        let hash = mix(hash, &row[middle..middle + 32]);
-        mix(hash, &row[len - 32..])
+        u64::from_le_bytes(word)
     };
+    let len = row.len();
+    let mut hash = len as u64;
+    if len < 16 {
+        for &byte in row {
+            hash = mix(hash, u64::from(byte));
+        }
+    } else {
+        for at in [0, len / 3, 2 * len / 3 - 8, len - 8] {
+            hash = mix(hash, word(at));
+        }
+    }
     hash | 1
 }
+
+/// How many different rows one token may be delivered with: the
+/// writer's and forged ones. Beyond, a row at that token is dropped as
+/// stale (so a forger needs this many lines at one token, ahead of the
+/// writer's own, to hide its row).
+const MAX_CONTESTED: usize = 4;
 
 /// A hole with nothing in it.
 const NO_HOLE: (Token, Token) = (Token(0), Token(0));
@@ -210,6 +216,10 @@ pub(super) struct WriterState {
     /// A [`fingerprint`] of the last row delivered at `floor`, 0 when no
     /// row was: another row at that token is not its duplicate.
     floor_print: u64,
+    /// Fingerprints of the other rows delivered at `floor` (contested
+    /// ones: only ever there when forged lines came), up to
+    /// [`MAX_CONTESTED`] (0: a free slot; fingerprints are never 0).
+    contested: Option<Box<[u64; MAX_CONTESTED]>>,
     /// A `POSITION` of this writer was processed on the current connection
     /// and no catch-up of it is outstanding.
     pub(super) connected: bool,
@@ -242,6 +252,7 @@ impl WriterState {
             floor_claimed: false,
             hole: NO_HOLE,
             floor_print: 0,
+            contested: None,
             connected: false,
             batch_cut: false,
             unproven: false,
@@ -269,18 +280,25 @@ impl WriterState {
         self.floor_claimed = claimed;
         self.hole = NO_HOLE;
         self.floor_print = 0;
+        self.contested = None;
     }
 
     /// Whether a stale row at `token` (last row `print`) differs from the
     /// one delivered there: one of the two was forged, and it may be the
     /// first.
     fn contests(&self, token: Token, print: u64) -> bool {
-        token == self.floor && self.floor_print != 0 && self.floor_print != print
+        let others = self.contested.as_deref().map_or(&[][..], |v| &v[..]);
+        token == self.floor
+            && self.floor_print != 0
+            && self.floor_print != print
+            && !others.contains(&print)
+            && (others.is_empty() || others.contains(&0))
     }
 
     /// Whether a row at `token` was delivered already, or lies before
     /// where following started. Only rows make rows stale: a `POSITION`
     /// never does.
+    #[inline]
     pub(super) fn is_stale(&self, token: Token) -> bool {
         token <= self.floor && !self.in_hole(token)
     }
@@ -296,6 +314,7 @@ impl WriterState {
         }
     }
 
+    #[inline]
     fn in_hole(&self, token: Token) -> bool {
         self.hole.0 < token && token < self.hole.1
     }
@@ -311,6 +330,7 @@ impl WriterState {
     }
 
     /// Records that rows at `token` were delivered (`live`: from `RDATA`).
+    #[inline]
     fn note_delivered(
         &mut self,
         token: Token,
@@ -318,8 +338,14 @@ impl WriterState {
         live: bool,
         counters: &mut FollowerCounters,
     ) {
-        if token >= self.floor {
+        if token > self.floor {
             self.floor_print = print;
+            self.contested = None;
+        } else if token == self.floor && print != self.floor_print {
+            let slots = self.contested.get_or_insert_default();
+            if let Some(free) = slots.iter_mut().find(|slot| **slot == 0) {
+                *free = print;
+            }
         }
         if token > self.floor {
             // The tokens jumped over that nothing accounts for: above the
@@ -467,6 +493,7 @@ impl StreamState {
     }
 
     /// Records that writer `wi`'s rows at `token` were delivered.
+    #[inline]
     fn delivered(&mut self, wi: usize, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
         if let Some(w) = self.writers.get_mut(wi) {
             w.note_delivered(token, print, live, &mut ctx.counters);
@@ -475,12 +502,14 @@ impl StreamState {
     }
 
     /// Raises the highest token delivered or seeded on the stream.
+    #[inline]
     pub(super) fn raise_top(&mut self, token: Token) {
         if self.top.is_none_or(|top| token > top) {
             self.top = Some(token);
         }
     }
 
+    #[inline]
     pub(super) fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(instance).copied(),
@@ -1109,7 +1138,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 128,
+            mem::size_of::<WriterState>() <= 136,
             "{}",
             mem::size_of::<WriterState>()
         );
