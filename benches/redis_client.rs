@@ -22,13 +22,14 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use synapse_replication::session::RedisEvent;
 
 use bytes::{Bytes, BytesMut};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{Frame, RespDecoder};
 use synapse_replication::session::RedisSession;
 use synapse_replication::transport::{
-    RedisClient, RedisClientEvent, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
+    RedisClient, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
 };
 use synapse_replication::wire::{Command, InstanceName};
 use synapse_replication::writers::StreamWriters;
@@ -177,12 +178,12 @@ async fn follow<R: Runtime>(client: &mut RedisClient<R>) -> (Duration, Duration)
     let mut start = None;
     while let Some(event) = client.next_event().await {
         match event {
-            RedisClientEvent::Ready => start = Some((cpu_time(), Instant::now())),
-            RedisClientEvent::Command(command) if command == sentinel => {
+            RedisEvent::Ready => start = Some((cpu_time(), Instant::now())),
+            RedisEvent::Command(command) if command == sentinel => {
                 let (cpu, wall) = start.expect("ready before the sentinel");
                 return (cpu_time().saturating_sub(cpu), wall.elapsed());
             }
-            RedisClientEvent::Disconnected { reason, .. } => panic!("disconnected: {reason}"),
+            RedisEvent::Disconnected { reason, .. } => panic!("disconnected: {reason}"),
             _ => {}
         }
     }

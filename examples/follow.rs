@@ -10,13 +10,14 @@
 //! `stream_writers`, `instance_map`...); the second form makes one with
 //! just a Redis and a server name. NAME is this process's instance name
 //! (`rust_follower`). Missed rows are fetched from the writers over
-//! Synapse's HTTP replication listener with `--features http-catch-up`,
-//! and skipped (saying so) without.
+//! Synapse's HTTP replication listener (`--features http-catch-up`).
 
 use std::error::Error;
 
+use synapse_replication::positions::FollowerEvent;
+use synapse_replication::session::RedisEvent;
 use synapse_replication::streams::Row;
-use synapse_replication::transport::{RedisClient, RedisClientEvent, SynapseConfig, TokioRuntime};
+use synapse_replication::transport::{RedisClient, SynapseConfig, TokioRuntime};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -45,22 +46,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = name.map_or("rust_follower", String::as_str);
 
     let runtime = TokioRuntime::current().ok_or("not inside a tokio runtime")?;
-    let client = RedisClient::follow(runtime.clone(), &synapse, name)?;
-    #[cfg(feature = "http-catch-up")]
-    let client = client.with_catch_up(std::sync::Arc::new(
-        synapse_replication::transport::HttpCatchUp::from_synapse(runtime, &synapse),
-    ));
-    let mut client = client;
+    let mut client = RedisClient::follow(runtime, &synapse, name)?;
 
     while let Some(event) = client.next_event().await {
         match event {
-            RedisClientEvent::Rows {
+            RedisEvent::Follower(FollowerEvent::Rows {
                 stream,
                 writer,
                 token,
                 rows,
                 ..
-            } => {
+            }) => {
                 for row in &rows {
                     match Row::decode(&stream, row) {
                         Ok(row) => println!("{stream} {writer} {token} {row:?}"),
@@ -68,22 +64,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                     }
                 }
             }
-            #[cfg(not(feature = "http-catch-up"))]
-            RedisClientEvent::Session(synapse_replication::session::RedisEvent::Follower(
-                synapse_replication::positions::FollowerEvent::CatchUp(request),
-            )) => {
-                println!(
-                    "skipping {} {} ({}, {}]",
-                    request.stream, request.writer, request.from, request.to
-                );
-                let page = synapse_replication::positions::CatchUpPage {
-                    updates: Vec::new(),
-                    upto: request.to,
-                    limited: false,
-                };
-                client.handle_catch_up(request.id, page)?;
-            }
-            RedisClientEvent::Command(command) => println!("{}", command.kind()),
+            RedisEvent::Command(command) => println!("{}", command.kind()),
             other => println!("{other}"),
         }
     }

@@ -284,32 +284,32 @@ fn run_tcp(
     use std::io::Write;
 
     use synapse_replication::positions::Follower;
-    use synapse_replication::session::{ClientEvent, ClientSession, TcpSessionConfig};
-    use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
+    use synapse_replication::session::{TcpClientEvent, TcpClientSession, TcpSessionConfig};
+    use synapse_replication::transport::{SmolRuntime, TcpClient};
     use synapse_replication::wire::InstanceName;
 
     let follower = Follower::new(InstanceName::from(args.name.as_str()), registry);
     let mut config = TcpSessionConfig::default();
     config.report_received = args.wire || !args.events;
-    let session = ClientSession::with_config(args.server_name.as_str(), follower, config)
+    let session = TcpClientSession::with_config(args.server_name.as_str(), follower, config)
         .map_err(io::Error::other)?;
     let mut client = TcpClient::new(SmolRuntime, addr, session);
     let mut out = io::stdout().lock();
     smol::block_on(async {
         while let Some(event) = client.next_event().await {
-            let event = match event.into_follower_event() {
-                Ok(event) if args.events => {
+            let event = match event {
+                TcpClientEvent::Follower(event) if args.events => {
                     let line = follower_line(event, |id, page| {
                         let _ = client.handle_catch_up(id, page);
                     });
                     writeln!(out, "{line}")?;
                     continue;
                 }
-                Ok(_) => continue,
-                Err(event) => event,
+                TcpClientEvent::Follower(_) => continue,
+                event => event,
             };
             let line = match event {
-                TcpClientEvent::Session(ClientEvent::Received(command)) => received(args, &command),
+                TcpClientEvent::Received(command) => received(args, &command),
                 _ if !args.events => continue,
                 TcpClientEvent::Connected => format!("connected {addr}"),
                 TcpClientEvent::ConnectFailed { error, retry_in } => {
@@ -326,10 +326,9 @@ fn run_tcp(
                 }
                 TcpClientEvent::Ready { server_name } => format!("ready {server_name}"),
                 TcpClientEvent::Command(command) => format!("command {}", wire(&command)),
-                TcpClientEvent::Session(ClientEvent::PeerError(message)) => {
+                TcpClientEvent::PeerError(message) => {
                     format!("error {message}")
                 }
-                TcpClientEvent::Session(ClientEvent::Closing(error)) => format!("closing {error}"),
                 other => format!("{other:?}"),
             };
             writeln!(out, "{line}")?;
@@ -348,7 +347,7 @@ fn run_redis(
 
     use synapse_replication::positions::{Follower, Writer};
     use synapse_replication::session::{RedisEvent, RedisSession};
-    use synapse_replication::transport::{RedisClient, RedisClientEvent, RedisConfig, SmolRuntime};
+    use synapse_replication::transport::{RedisClient, RedisConfig, SmolRuntime};
     use synapse_replication::wire::InstanceName;
 
     let config = RedisConfig::from_url(url).map_err(io::Error::other)?;
@@ -365,24 +364,22 @@ fn run_redis(
     let mut out = io::stdout().lock();
     smol::block_on(async {
         while let Some(event) = client.next_event().await {
-            let event = match event.into_follower_event() {
-                Ok(event) if args.events => {
+            let event = match event {
+                RedisEvent::Follower(event) if args.events => {
                     let line = follower_line(event, |id, page| {
                         let _ = client.handle_catch_up(id, page);
                     });
                     writeln!(out, "{line}")?;
                     continue;
                 }
-                Ok(_) => continue,
-                Err(event) => event,
+                RedisEvent::Follower(_) => continue,
+                event => event,
             };
             let line = match event {
-                RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
-                    received(args, &command)
-                }
+                RedisEvent::Received { command, .. } => received(args, &command),
                 _ if !args.events => continue,
-                RedisClientEvent::Connected { link } => format!("connected {link}"),
-                RedisClientEvent::ConnectFailed {
+                RedisEvent::Connected { link } => format!("connected {link}"),
+                RedisEvent::ConnectFailed {
                     error, retry_in, ..
                 } => {
                     format!(
@@ -390,7 +387,7 @@ fn run_redis(
                         retry_in.as_millis()
                     )
                 }
-                RedisClientEvent::Disconnected {
+                RedisEvent::Disconnected {
                     reason, retry_in, ..
                 } => {
                     format!(
@@ -398,18 +395,15 @@ fn run_redis(
                         retry_in.as_millis()
                     )
                 }
-                RedisClientEvent::Ready => format!("ready {}", args.server_name),
-                RedisClientEvent::Command(command) => format!("command {}", wire(&command)),
-                RedisClientEvent::Session(RedisEvent::Malformed { channel, error }) => {
+                RedisEvent::Ready => format!("ready {}", args.server_name),
+                RedisEvent::Command(command) => format!("command {}", wire(&command)),
+                RedisEvent::Malformed { channel, error } => {
                     format!("malformed {} {error}", String::from_utf8_lossy(&channel))
                 }
-                RedisClientEvent::Session(RedisEvent::PublishFailed { command, error }) => {
+                RedisEvent::PublishFailed { command, error } => {
                     format!("publish-failed {command} {error}")
                 }
-                RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
-                    format!("closing {error}")
-                }
-                RedisClientEvent::Sentinel(event) => format!("sentinel {event}"),
+                RedisEvent::Sentinel(event) => format!("sentinel {event}"),
                 other => format!("{other:?}"),
             };
             writeln!(out, "{line}")?;

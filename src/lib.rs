@@ -16,7 +16,7 @@
 //! use std::sync::Arc;
 //! use std::time::Instant;
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
-//! use synapse_replication::session::{ClientEvent, ClientSession, ServerSession};
+//! use synapse_replication::session::{TcpClientEvent, TcpClientSession, TcpServerSession};
 //! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 //! use synapse_replication::writers::StreamWriters;
 //!
@@ -26,16 +26,16 @@
 //! // master writes `typing`...
 //! let mut writer = Writer::new(InstanceName::master(), registry.clone());
 //! writer.advance(&StreamName::Typing, Token(0))?;
-//! let mut server = ServerSession::new("example.com", writer, now)?;
+//! let mut server = TcpServerSession::new("example.com", writer, now)?;
 //!
 //! // ...and worker1 follows it.
 //! let follower = Follower::new(InstanceName::from("worker1"), registry);
-//! let mut client = ClientSession::new("example.com", follower)?;
+//! let mut client = TcpClientSession::new("example.com", follower)?;
 //!
 //! // A connection: bytes from each side go to the other until both are quiet.
 //! let id = server.accept(now);
 //! client.connect(now);
-//! let mut pass_bytes = |server: &mut ServerSession, client: &mut ClientSession| loop {
+//! let mut pass_bytes = |server: &mut TcpServerSession, client: &mut TcpClientSession| loop {
 //!     let mut moved = false;
 //!     while let Some(bytes) = client.poll_transmit() {
 //!         server.handle_input(id, &bytes, now);
@@ -57,7 +57,7 @@
 //!
 //! let mut seen = Vec::new();
 //! while let Some(event) = client.poll_event() {
-//!     if let ClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
+//!     if let TcpClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
 //!         seen.push((stream, token, rows.into_vec()));
 //!     }
 //! }

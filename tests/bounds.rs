@@ -12,15 +12,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use synapse_replication::session::TcpServerEvent;
 
 use bytes::Bytes;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
-    ClientSession, RedisSession, RedisSessionConfig, ServerSession,
+    RedisSession, RedisSessionConfig, TcpClientSession, TcpServerSession,
 };
 use synapse_replication::transport::{
     CommandSendError, CommandSender, RedisClient, RedisClientConfig, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig, TcpServerEvent,
+    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -79,7 +80,7 @@ fn a_full_tcp_command_sender_refuses_and_counts() {
         InstanceName::from("worker1"),
         Arc::new(StreamWriters::default()),
     );
-    let session = ClientSession::new("example.com", follower).expect("a session");
+    let session = TcpClientSession::new("example.com", follower).expect("a session");
     let addr = format!("127.0.0.1:{}", closed_port());
     let mut client = TcpClient::with_options(SmolRuntime, addr, session, options);
     let sender = client.sender();
@@ -151,7 +152,7 @@ fn a_sender_shuts_a_tcp_client_down_from_another_task() {
         InstanceName::from("worker1"),
         Arc::new(StreamWriters::default()),
     );
-    let session = ClientSession::new("example.com", follower).expect("a session");
+    let session = TcpClientSession::new("example.com", follower).expect("a session");
     let addr = format!("127.0.0.1:{}", closed_port());
     let mut client = TcpClient::new(SmolRuntime, addr, session);
     let sender = client.sender();
@@ -256,7 +257,7 @@ fn a_tcp_server_at_its_limit_closes_the_next_connection() {
     writer
         .advance(&StreamName::Caches, Token(0))
         .expect("advances");
-    let session = ServerSession::new("example.com", writer, Instant::now()).expect("a session");
+    let session = TcpServerSession::new("example.com", writer, Instant::now()).expect("a session");
     let mut options = TcpServerConfig::default();
     options.max_connections = 2;
     let mut server = smol::block_on(TcpServer::bind_with(

@@ -20,6 +20,7 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::positions::BoxError;
 
 use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
@@ -27,8 +28,8 @@ use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpResponse, HttpServer,
-    HttpServerConfig, SmolRuntime,
+    CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpResponse, HttpServer, HttpServerConfig,
+    SmolRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::InstanceLocation;

@@ -21,14 +21,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use synapse_replication::positions::BoxError;
 
 use common::redis_server::{TempDir, TestCerts};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpServer, HttpServerConfig,
-    HttpServerTls, HttpServerTlsError, SmolRuntime, TlsConfig,
+    CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpServer, HttpServerConfig, HttpServerTls,
+    HttpServerTlsError, SmolRuntime, TlsConfig,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::InstanceLocation;

@@ -18,6 +18,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::positions::{BoxError, FollowerEvent, STUCK_AFTER_FAILURES, StuckCatchUp};
+use synapse_replication::session::Disconnect;
 
 use bytes::Bytes;
 use common::nodes::{Process, run_for, run_until};
@@ -25,8 +27,7 @@ use common::redis_server::RedisServer;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientConfig,
-    RedisClientEvent, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
+    BoxFuture, CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, SmolRuntime,
     TokioRuntime, async_trait,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
@@ -177,38 +178,39 @@ impl Process for Node {
         &mut self.client
     }
 
-    fn record(&mut self, event: RedisClientEvent) {
+    fn record(&mut self, event: RedisEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
             eprintln!("{}: {event:?}", self.name);
         }
         match event {
-            RedisClientEvent::Ready => self.ready += 1,
-            RedisClientEvent::Rows {
+            RedisEvent::Ready => self.ready += 1,
+            RedisEvent::Follower(FollowerEvent::Rows {
                 stream,
                 token,
                 rows,
                 ..
-            } => {
+            }) => {
                 let held = self.rows.entry(stream).or_default();
                 held.extend(rows.into_iter().map(|row| (token, row)));
             }
-            RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
-                self.closing.push(error)
-            }
-            RedisClientEvent::Session(RedisEvent::PublishFailed { command, error }) => self
+            RedisEvent::Closing { error, .. } => self.closing.push(error),
+            RedisEvent::PublishFailed { command, error } => self
                 .publish_failures
                 .push((command.to_string(), error.code.clone())),
-            RedisClientEvent::Command(command) => self.commands.push(command),
-            RedisClientEvent::Disconnected {
+            RedisEvent::Command(command) => self.commands.push(command),
+            RedisEvent::Disconnected {
                 link,
                 reason,
                 retry_in,
             } => {
+                if let Disconnect::Redis(error) = &reason {
+                    self.closing.push(error.clone());
+                }
                 self.retry_delays.push(retry_in);
                 self.disconnects.push((link, reason.to_string()));
             }
-            RedisClientEvent::ConnectFailed { retry_in, .. } => self.retry_delays.push(retry_in),
-            RedisClientEvent::CatchUpFailed {
+            RedisEvent::ConnectFailed { retry_in, .. } => self.retry_delays.push(retry_in),
+            RedisEvent::CatchUpFailed {
                 request,
                 failures,
                 retry_in,
@@ -217,7 +219,7 @@ impl Process for Node {
                 self.catch_up_failures
                     .push((request.writer, failures, retry_in));
             }
-            RedisClientEvent::CatchUpStuck(stuck) => self.stuck.push(stuck),
+            RedisEvent::CatchUpStuck(stuck) => self.stuck.push(stuck),
             _ => {}
         }
     }
@@ -1144,7 +1146,6 @@ fn disconnect_reasons_are_reported() {
                 .iter()
                 .all(|d| *d <= Duration::from_secs(5))
         );
-        let _ = Disconnect::Closed;
     });
 }
 

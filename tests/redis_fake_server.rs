@@ -13,13 +13,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+use synapse_replication::session::Disconnect;
 
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::RespError;
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
-use synapse_replication::transport::{
-    Disconnect, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig, SmolRuntime,
-};
+use synapse_replication::transport::{RedisClient, RedisClientConfig, RedisConfig, SmolRuntime};
 use synapse_replication::wire::InstanceName;
 use synapse_replication::writers::StreamWriters;
 
@@ -131,26 +130,26 @@ fn run(server: &FakeServer, mut done: impl FnMut(&Seen, &FakeServer) -> bool) ->
             let event = smol::future::or(client.next_event(), timeout).await;
             let mut seen = seen.lock().expect("seen");
             match event {
-                Some(RedisClientEvent::Session(RedisEvent::Closing { error, link })) => {
+                Some(RedisEvent::Disconnected {
+                    reason: Disconnect::Redis(error),
+                    link,
+                    ..
+                }) => {
                     assert_eq!(link, RedisLink::Subscriber, "{error}");
                     match error {
                         RedisError::Protocol(error) => seen.protocol_errors.push(error),
                         other => seen.other_closing.push(other),
                     }
                 }
-                Some(RedisClientEvent::Disconnected {
+                Some(RedisEvent::Disconnected {
                     link: RedisLink::Subscriber,
                     reason: Disconnect::Closed,
                     ..
                 }) => seen.closed += 1,
-                Some(
-                    event @ (RedisClientEvent::Rows { .. }
-                    | RedisClientEvent::Position { .. }
-                    | RedisClientEvent::Started { .. }
-                    | RedisClientEvent::Reset { .. }
-                    | RedisClientEvent::Session(RedisEvent::Follower(_))),
-                ) => seen.follower_events.push(event.to_string()),
-                Some(RedisClientEvent::Ready) => seen.ready += 1,
+                Some(event @ RedisEvent::Follower(_)) => {
+                    seen.follower_events.push(event.to_string())
+                }
+                Some(RedisEvent::Ready) => seen.ready += 1,
                 _ => {}
             }
             if done(&seen, server) {

@@ -20,6 +20,8 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::positions::{BoxError, FollowerEvent};
+use synapse_replication::session::{RedisEvent, SentinelEvent};
 
 use bytes::{Bytes, BytesMut};
 use common::nodes::{Process, run_until};
@@ -31,8 +33,7 @@ use synapse_replication::session::{
     DiscoveryError, MasterAddr, NodeRole, RedisAuth, RedisSession, SentinelError,
 };
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig,
-    Runtime, SentinelEvent, SmolRuntime, async_trait,
+    CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, SmolRuntime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -340,25 +341,25 @@ impl Process for Node {
         &mut self.client
     }
 
-    fn record(&mut self, event: RedisClientEvent) {
+    fn record(&mut self, event: RedisEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
             eprintln!("{}: {event}", self.name);
         }
         match event {
-            RedisClientEvent::Ready => self.ready.push(Instant::now()),
-            RedisClientEvent::Rows {
+            RedisEvent::Ready => self.ready.push(Instant::now()),
+            RedisEvent::Follower(FollowerEvent::Rows {
                 token,
                 rows,
                 source,
                 ..
-            } => {
+            }) => {
                 match source {
                     RowSource::Live => self.live_rows += rows.len(),
                     RowSource::CatchUp => self.caught_up_rows += rows.len(),
                 }
                 self.rows.extend(rows.into_iter().map(|row| (token, row)));
             }
-            RedisClientEvent::Sentinel(SentinelEvent::MasterFound {
+            RedisEvent::Sentinel(SentinelEvent::MasterFound {
                 master, rejected, ..
             }) => self.found.push((
                 master,
@@ -367,11 +368,11 @@ impl Process for Node {
                     .map(|(sentinel, error)| (sentinel.to_string(), error))
                     .collect(),
             )),
-            RedisClientEvent::Sentinel(SentinelEvent::Switched { from, to }) => {
+            RedisEvent::Sentinel(SentinelEvent::Switched { from, to }) => {
                 self.switches.push((from, to))
             }
-            RedisClientEvent::Sentinel(SentinelEvent::Watching { .. }) => self.watching += 1,
-            RedisClientEvent::ConnectFailed { error, .. } => {
+            RedisEvent::Sentinel(SentinelEvent::Watching { .. }) => self.watching += 1,
+            RedisEvent::ConnectFailed { error, .. } => {
                 if let Some(discovery) = error
                     .get_ref()
                     .and_then(|inner| inner.downcast_ref::<DiscoveryError>())

@@ -20,6 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use synapse_replication::session::{SentinelEvent, TcpClientEvent};
 
 use bytes::Bytes;
 use common::redis_server::RedisServer;
@@ -28,13 +29,12 @@ use synapse_replication::positions::CatchUpEndpoint;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
-    ClientSession, DiscoveryStep, RedisAuth, RedisEvent, RedisLink, RedisSession,
-    RedisSessionConfig, SentinelDiscovery, SentinelTarget, SentinelWatch, ServerEvent,
-    ServerSession,
+    DiscoveryStep, RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig,
+    SentinelDiscovery, SentinelTarget, SentinelWatch, TcpClientSession, TcpServerEvent,
+    TcpServerSession,
 };
 use synapse_replication::transport::{
-    RedisClient, RedisClientEvent, RedisConfig, SentinelEvent, SmolRuntime, SynapseConfig,
-    SynapseRedisConfig, TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
+    RedisClient, RedisConfig, SmolRuntime, SynapseConfig, SynapseRedisConfig, TcpClient, TcpServer,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token, UserIp};
 use synapse_replication::writers::StreamWriters;
@@ -375,20 +375,20 @@ fn redis_session_hides_a_received_user_ip() {
 // The sans-IO TCP sessions.
 // ---------------------------------------------------------------------
 
-fn client_session() -> ClientSession {
+fn client_session() -> TcpClientSession {
     let follower = Follower::new(
         InstanceName::from("worker1"),
         Arc::new(StreamWriters::default()),
     );
-    ClientSession::new(PREFIX, follower).expect("a client session")
+    TcpClientSession::new(PREFIX, follower).expect("a client session")
 }
 
-fn server_session(now: Instant) -> ServerSession {
+fn server_session(now: Instant) -> TcpServerSession {
     let mut writer = Writer::new(InstanceName::master(), Arc::new(StreamWriters::default()));
     writer
         .advance(&StreamName::Caches, Token(0))
         .expect("caches advances");
-    ServerSession::new(PREFIX, writer, now).expect("a server session")
+    TcpServerSession::new(PREFIX, writer, now).expect("a server session")
 }
 
 #[test]
@@ -397,13 +397,13 @@ fn tcp_client_session_hides_a_queued_user_ip() {
     let mut client = client_session();
     client.connect(now);
     client.send(user_ip()).expect("USER_IP is queued");
-    assert_hidden("ClientSession with USER_IP unsent", &client);
+    assert_hidden("TcpClientSession with USER_IP unsent", &client);
     let mut sent = Vec::new();
     while let Some(bytes) = client.poll_transmit() {
         sent.extend_from_slice(&bytes);
     }
     assert!(contains(&sent, TOKEN), "the line holds the token");
-    assert_hidden("ClientSession after sending USER_IP", &client);
+    assert_hidden("TcpClientSession after sending USER_IP", &client);
 }
 
 #[test]
@@ -414,12 +414,12 @@ fn tcp_server_session_hides_a_received_user_ip() {
     let line = format!("{}\n", user_ip_line());
     let (first, rest) = line.as_bytes().split_at(line.len() - 10);
     server.handle_input(client, first, now);
-    assert_hidden("ServerSession with half a USER_IP", &server);
+    assert_hidden("TcpServerSession with half a USER_IP", &server);
     server.handle_input(client, rest, now);
-    assert_hidden("ServerSession with a USER_IP event queued", &server);
+    assert_hidden("TcpServerSession with a USER_IP event queued", &server);
     let mut seen = false;
     while let Some(event) = server.poll_event() {
-        if let ServerEvent::Command {
+        if let TcpServerEvent::Command {
             command: Command::UserIp(ip),
             ..
         } = &event
@@ -427,7 +427,7 @@ fn tcp_server_session_hides_a_received_user_ip() {
             assert_eq!(&*ip.access_token, TOKEN);
             seen = true;
         }
-        assert_hidden("ServerEvent", &event);
+        assert_hidden("TcpServerEvent", &event);
     }
     assert!(seen, "the USER_IP came through");
 }
@@ -478,11 +478,11 @@ fn redis_client_hides_the_password_and_tokens_over_a_real_redis() {
     assert_hidden("RedisClient before connecting", &main);
 
     // Poll once: the connections open and the AUTHs are queued.
-    let mut events: Vec<RedisClientEvent> = Vec::new();
+    let mut events: Vec<RedisEvent> = Vec::new();
     run_until("both clients ready", |cx| {
         for client in [&mut main, &mut worker] {
             while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
-                assert_hidden("RedisClientEvent", &event);
+                assert_hidden("RedisEvent", &event);
                 events.push(event);
             }
             assert_hidden("RedisClient while connecting", client);
@@ -499,10 +499,10 @@ fn redis_client_hides_the_password_and_tokens_over_a_real_redis() {
     run_until("the USER_IP at main", |cx| {
         for client in [&mut main, &mut worker] {
             while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
-                if let RedisClientEvent::Command(Command::UserIp(ip)) = &event {
+                if let RedisEvent::Command(Command::UserIp(ip)) = &event {
                     received |= &*ip.access_token == TOKEN;
                 }
-                assert_hidden("RedisClientEvent", &event);
+                assert_hidden("RedisEvent", &event);
             }
         }
         Poll::Ready(received)
@@ -555,14 +555,14 @@ fn tcp_client_and_server_hide_tokens_over_loopback() {
         |cx| {
             while let Poll::Ready(event) = server.poll_next_event(cx) {
                 match &event {
-                    TcpServerEvent::Session(ServerEvent::Command {
+                    TcpServerEvent::Command {
                         command: Command::UserIp(ip),
                         ..
-                    }) => {
+                    } => {
                         assert_eq!(&*ip.access_token, TOKEN);
                         received += 1;
                     }
-                    TcpServerEvent::Session(ServerEvent::Named { name, .. }) => {
+                    TcpServerEvent::Named { name, .. } => {
                         raw_named |= &**name == "raw";
                     }
                     _ => {}
@@ -588,10 +588,10 @@ fn tcp_client_and_server_hide_tokens_over_loopback() {
         while let Poll::Ready(event) = server.poll_next_event(cx) {
             done |= matches!(
                 &event,
-                TcpServerEvent::Session(ServerEvent::Command {
+                TcpServerEvent::Command {
                     command: Command::UserIp(_),
                     ..
-                })
+                }
             );
             assert_hidden("TcpServerEvent", &event);
         }
@@ -896,18 +896,15 @@ fn sentinel_client(sentinel: u16, password: &str) -> RedisClient<SmolRuntime> {
 /// Every line logged, and every event's `Debug` and `Display`, are free
 /// of secrets; there were some (so the check saw something).
 #[track_caller]
-fn assert_logs_hidden(what: &str, recorder: &Recorder, events: &[RedisClientEvent]) {
+fn assert_logs_hidden(what: &str, recorder: &Recorder, events: &[RedisEvent]) {
     let lines = recorder.lines();
     assert!(!lines.is_empty(), "{what}: nothing was logged");
     for line in &lines {
         assert_text_hidden(&format!("{what}: a log line"), line);
     }
     for event in events {
-        assert_hidden(&format!("{what}: RedisClientEvent"), event);
-        assert_text_hidden(
-            &format!("{what}: RedisClientEvent's Display"),
-            &event.to_string(),
-        );
+        assert_hidden(&format!("{what}: RedisEvent"), event);
+        assert_text_hidden(&format!("{what}: RedisEvent's Display"), &event.to_string());
     }
 }
 
@@ -922,15 +919,12 @@ fn nothing_logged_shows_a_password_through_a_sentinel_or_direct() {
     // and directly, both with the right password.
     let mut through = sentinel_client(sentinel, PASSWORD);
     let mut direct = redis_client(&server, "direct", false);
-    let mut events: Vec<RedisClientEvent> = Vec::new();
+    let mut events: Vec<RedisEvent> = Vec::new();
     let mut watching = false;
     run_until("both ready, the sentinel watched", |cx| {
         for client in [&mut through, &mut direct] {
             while let Poll::Ready(Some(event)) = client.poll_next_event(cx) {
-                watching |= matches!(
-                    event,
-                    RedisClientEvent::Sentinel(SentinelEvent::Watching { .. })
-                );
+                watching |= matches!(event, RedisEvent::Sentinel(SentinelEvent::Watching { .. }));
                 events.push(event);
             }
         }
@@ -962,7 +956,7 @@ fn nothing_logged_shows_a_password_when_auth_fails() {
         Writer::new(me, registry()),
     );
     let mut direct = RedisClient::new(SmolRuntime, config, session);
-    let mut events: Vec<RedisClientEvent> = Vec::new();
+    let mut events: Vec<RedisEvent> = Vec::new();
     let (mut refused_through, mut refused_direct) = (0, 0);
     run_until("both refused twice", |cx| {
         for (index, client) in [&mut through, &mut direct].into_iter().enumerate() {

@@ -48,7 +48,7 @@ use synapse_replication::positions::{Follower, FollowerEvent, RowSource, Writer}
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{CachesRow, EventsRowData, Row, StreamRow};
 use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, RedisClient, RedisClientEvent, RedisConfig, Runtime, SmolRuntime,
+    CatchUpSource, HttpCatchUp, RedisClient, RedisConfig, Runtime, SmolRuntime,
 };
 use synapse_replication::wire::{
     Command, CommandKind, InstanceName, RawRow, RdataToken, StreamName, Token, UserSync,
@@ -224,17 +224,17 @@ fn decode_batch(record: &mut Record, batch: &Batch) {
     }
 }
 
-fn note(event: RedisClientEvent, record: &mut Record) {
+fn note(event: RedisEvent, record: &mut Record) {
     match event {
-        RedisClientEvent::Connected { .. } => {}
-        RedisClientEvent::Ready => record.ready += 1,
-        RedisClientEvent::Rows {
+        RedisEvent::Connected { .. } => {}
+        RedisEvent::Ready => record.ready += 1,
+        RedisEvent::Follower(FollowerEvent::Rows {
             stream,
             writer,
             token,
             rows,
             source,
-        } => {
+        }) => {
             if writer.is_master() {
                 record
                     .master
@@ -250,16 +250,16 @@ fn note(event: RedisClientEvent, record: &mut Record) {
             decode_batch(record, &batch);
             record.batches.push(batch);
         }
-        RedisClientEvent::Position {
+        RedisEvent::Follower(FollowerEvent::Position {
             stream,
             writer,
             token,
-        }
-        | RedisClientEvent::Started {
+        })
+        | RedisEvent::Follower(FollowerEvent::Started {
             stream,
             writer,
             token,
-        } => {
+        }) => {
             if writer.is_master() {
                 record
                     .master
@@ -269,14 +269,14 @@ fn note(event: RedisClientEvent, record: &mut Record) {
                 .position_events
                 .insert((stream.as_str().to_owned(), writer.as_str().to_owned()));
         }
-        RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+        RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
             record.catch_ups.push(request.to_string())
         }
-        RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
+        RedisEvent::Received { command, .. } => {
             record.received.push(*command);
         }
-        RedisClientEvent::Command(command) => record.commands.push(command),
-        RedisClientEvent::CatchUpFailed { request, error, .. } => {
+        RedisEvent::Command(command) => record.commands.push(command),
+        RedisEvent::CatchUpFailed { request, error, .. } => {
             record.catch_up_failures.push(format!("{request}: {error}"));
         }
         other => record.problems.push(other.to_string()),
@@ -304,7 +304,7 @@ enum Control<R: Runtime> {
 }
 
 enum Step<R: Runtime> {
-    Event(Option<RedisClientEvent>),
+    Event(Option<RedisEvent>),
     Control(Option<Control<R>>),
 }
 

@@ -56,7 +56,7 @@ use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent, Ro
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{EventsRowData, Row};
 use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, RedisClient, RedisClientEvent, RedisConfig, SmolRuntime,
+    CatchUpSource, HttpCatchUp, RedisClient, RedisConfig, SmolRuntime,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName};
 use synapse_replication::writers::StreamWriters;
@@ -183,45 +183,44 @@ impl Record {
     }
 }
 
-fn note(event: RedisClientEvent, record: &mut Record) {
+fn note(event: RedisEvent, record: &mut Record) {
     match event {
-        RedisClientEvent::Ready => record.ready(),
-        RedisClientEvent::Rows {
+        RedisEvent::Ready => record.ready(),
+        RedisEvent::Follower(FollowerEvent::Rows {
             stream,
             writer,
             token,
             rows,
             source,
             ..
-        } => record.rows(&stream, &writer, token.get(), rows.into_vec(), source),
-        RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+        }) => record.rows(&stream, &writer, token.get(), rows.into_vec(), source),
+        RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
             record.catch_up(&request);
         }
-        problem @ (RedisClientEvent::Reset { .. }
-        | RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::Rejected {
-            ..
-        }))) => {
+        problem @ (RedisEvent::Follower(FollowerEvent::Reset { .. })
+        | RedisEvent::Follower(FollowerEvent::Rejected { .. })) => {
             record.problems.push(format!("{problem:?}"));
         }
-        other @ (RedisClientEvent::Position { .. } | RedisClientEvent::Started { .. }) => {
+        other @ (RedisEvent::Follower(FollowerEvent::Position { .. })
+        | RedisEvent::Follower(FollowerEvent::Started { .. })) => {
             record.other(&other);
         }
-        RedisClientEvent::Session(RedisEvent::Follower(other)) => record.other(&other),
-        RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
+        RedisEvent::Follower(other) => record.other(&other),
+        RedisEvent::Received { command, .. } => {
             record.received.push(*command);
         }
         // Other processes' USER_SYNC, LOCK_RELEASED, ...: not this test's
         // business.
-        RedisClientEvent::Command(_) => {}
-        RedisClientEvent::Connected { .. } => {}
-        RedisClientEvent::Disconnected { .. } => record.disconnects += 1,
-        RedisClientEvent::ConnectFailed { .. } => record.connect_failures += 1,
-        RedisClientEvent::CatchUpFailed { request, error, .. } => {
+        RedisEvent::Command(_) => {}
+        RedisEvent::Connected { .. } => {}
+        RedisEvent::Disconnected { .. } => record.disconnects += 1,
+        RedisEvent::ConnectFailed { .. } => record.connect_failures += 1,
+        RedisEvent::CatchUpFailed { request, error, .. } => {
             record.catch_up_failed(&request, &error);
         }
         // Reported after a run of failures; the final checks list what is
         // still outstanding.
-        RedisClientEvent::CatchUpStuck(stuck) => record.other(&format!("stuck {stuck:?}")),
+        RedisEvent::CatchUpStuck(stuck) => record.other(&format!("stuck {stuck:?}")),
         other => record.problems.push(format!("{other:?}")),
     }
 }
@@ -229,7 +228,7 @@ fn note(event: RedisClientEvent, record: &mut Record) {
 type Job = Box<dyn FnOnce(&mut RedisClient<SmolRuntime>) + Send>;
 
 enum Step {
-    Event(Option<RedisClientEvent>),
+    Event(Option<RedisEvent>),
     Job(Option<Job>),
 }
 

@@ -12,17 +12,17 @@ use std::future::poll_fn;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use synapse_replication::positions::BoxError;
 
 use common::pair::{Log, SERVER_NAME, registry, row};
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ServerEvent, ServerSession,
+    TcpClientEvent, TcpClientId, TcpClientSession, TcpServerEvent, TcpServerSession,
 };
 use synapse_replication::transport::{
-    BoxError, BoxFuture, CatchUpSource, Runtime, SmolRuntime, TcpClient, TcpClientEvent, TcpServer,
-    TcpServerEvent, TokioRuntime,
+    BoxFuture, CatchUpSource, Runtime, SmolRuntime, TcpClient, TcpServer, TokioRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 
@@ -57,7 +57,7 @@ struct World<R: Runtime + Clone> {
     workers: Vec<Option<Worker<R>>>,
     log: SharedLog,
     token: i64,
-    names: BTreeMap<String, ClientId>,
+    names: BTreeMap<String, TcpClientId>,
     server_disconnects: usize,
 }
 
@@ -71,7 +71,7 @@ impl<R: Runtime + Clone> World<R> {
     async fn new(runtime: R) -> World<R> {
         let mut writer = Writer::new(InstanceName::master(), registry());
         writer.advance(&StreamName::Caches, Token(0)).unwrap();
-        let session = ServerSession::new(SERVER_NAME, writer, Instant::now()).unwrap();
+        let session = TcpServerSession::new(SERVER_NAME, writer, Instant::now()).unwrap();
         let server = TcpServer::bind(runtime.clone(), "127.0.0.1:0", session)
             .await
             .unwrap();
@@ -96,7 +96,7 @@ impl<R: Runtime + Clone> World<R> {
                 .set_position(&StreamName::Caches, &InstanceName::master(), token)
                 .unwrap();
         }
-        let session = ClientSession::new(SERVER_NAME, follower).unwrap();
+        let session = TcpClientSession::new(SERVER_NAME, follower).unwrap();
         let addr = self.server.local_addr().unwrap().to_string();
         let client = TcpClient::new(self.runtime.clone(), addr, session)
             .with_catch_up(source(self.log.clone()));
@@ -172,7 +172,7 @@ impl<R: Runtime + Clone> World<R> {
 
     fn record(&mut self, happened: Happened) {
         match happened {
-            Happened::Server(TcpServerEvent::Session(ServerEvent::Named { client, name })) => {
+            Happened::Server(TcpServerEvent::Named { client, name }) => {
                 self.names.insert(name.to_string(), client);
             }
             Happened::Server(TcpServerEvent::Disconnected { .. }) => self.server_disconnects += 1,
@@ -188,30 +188,30 @@ impl<R: Runtime + Clone> World<R> {
                         worker.ready = false;
                     }
                     Some(TcpClientEvent::Ready { .. }) => worker.ready = true,
-                    Some(TcpClientEvent::Rows {
+                    Some(TcpClientEvent::Follower(FollowerEvent::Rows {
                         stream: StreamName::Caches,
                         token,
                         rows,
                         ..
-                    }) => {
+                    })) => {
                         worker.rows.extend(rows.into_iter().map(|row| (token, row)));
                         worker.position = Some(token);
                     }
                     Some(
-                        TcpClientEvent::Position {
+                        TcpClientEvent::Follower(FollowerEvent::Position {
                             stream: StreamName::Caches,
                             token,
                             ..
-                        }
-                        | TcpClientEvent::Started {
+                        })
+                        | TcpClientEvent::Follower(FollowerEvent::Started {
                             stream: StreamName::Caches,
                             token,
                             ..
-                        },
+                        }),
                     ) => worker.position = Some(token),
-                    Some(TcpClientEvent::Session(ClientEvent::Follower(
-                        FollowerEvent::CatchUp(_),
-                    ))) => worker.catch_ups += 1,
+                    Some(TcpClientEvent::Follower(FollowerEvent::CatchUp(_))) => {
+                        worker.catch_ups += 1
+                    }
                     Some(TcpClientEvent::CatchUpFailed { error, .. }) => {
                         panic!("worker{}: catch-up failed: {error}", index + 1)
                     }
@@ -354,7 +354,7 @@ fn a_client_retries_until_a_server_listens() {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let follower = Follower::new(InstanceName::from("worker1"), registry());
-        let session = ClientSession::new(SERVER_NAME, follower).unwrap();
+        let session = TcpClientSession::new(SERVER_NAME, follower).unwrap();
         let mut client = TcpClient::new(SmolRuntime, addr.clone(), session);
         let mut delays = Vec::new();
         while delays.len() < 3 {
@@ -368,7 +368,7 @@ fn a_client_retries_until_a_server_listens() {
 
         let mut writer = Writer::new(InstanceName::master(), registry());
         writer.advance(&StreamName::Typing, Token(0)).unwrap();
-        let session = ServerSession::new(SERVER_NAME, writer, Instant::now()).unwrap();
+        let session = TcpServerSession::new(SERVER_NAME, writer, Instant::now()).unwrap();
         let mut server = TcpServer::bind(SmolRuntime, &addr, session).await.unwrap();
         let deadline = Instant::now() + PATIENCE;
         let mut sleep = SmolRuntime.sleep_until(deadline);

@@ -12,7 +12,8 @@ use common::pair::{SERVER_NAME, client, row, server};
 use proptest::prelude::*;
 use synapse_replication::positions::{CatchUpPage, FollowerEvent};
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpSessionConfig,
+    ConnectionState, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerSession,
+    TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, FederationAck, InstanceName, StreamName, Token};
 
@@ -292,7 +293,7 @@ fn client_op() -> impl Strategy<Value = ClientOp> {
 }
 
 struct ClientRun {
-    session: ClientSession,
+    session: TcpClientSession,
     now: Instant,
     after_fatal: Vec<u8>,
     catch_ups: Vec<synapse_replication::positions::CatchUpRequest>,
@@ -301,7 +302,7 @@ struct ClientRun {
 impl ClientRun {
     fn drain_events(&mut self) {
         while let Some(event) = self.session.poll_event() {
-            if let ClientEvent::Follower(FollowerEvent::CatchUp(request)) = event {
+            if let TcpClientEvent::Follower(FollowerEvent::CatchUp(request)) = event {
                 self.catch_ups.push(request);
             }
         }
@@ -420,15 +421,15 @@ fn server_op() -> impl Strategy<Value = ServerOp> {
 }
 
 struct ServerRun {
-    session: ServerSession,
+    session: TcpServerSession,
     now: Instant,
-    ids: Vec<ClientId>,
-    after_fatal: std::collections::HashMap<ClientId, Vec<u8>>,
+    ids: Vec<TcpClientId>,
+    after_fatal: std::collections::HashMap<TcpClientId, Vec<u8>>,
     token: i64,
 }
 
 impl ServerRun {
-    fn pick(&self, n: u8) -> Option<ClientId> {
+    fn pick(&self, n: u8) -> Option<TcpClientId> {
         (!self.ids.is_empty()).then(|| self.ids[usize::from(n) % self.ids.len()])
     }
 

@@ -20,17 +20,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use synapse_replication::positions::FollowerEvent;
 
 use common::pair::{SERVER_NAME, registry, wire};
 use futures::StreamExt;
 use futures::channel::mpsc;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
-    ClientEvent, ClientSession, ServerEvent, ServerSession, TcpError, TcpSessionConfig,
+    Disconnect, TcpClientEvent, TcpClientSession, TcpError, TcpServerEvent, TcpServerSession,
+    TcpSessionConfig,
 };
-use synapse_replication::transport::{
-    Runtime, SmolRuntime, TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
-};
+use synapse_replication::transport::{Runtime, SmolRuntime, TcpClient, TcpServer};
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token, UserSync};
 
 const PATIENCE: Duration = Duration::from_secs(25);
@@ -131,7 +131,7 @@ fn synapse_client_against_our_server() {
         let mut config = TcpSessionConfig::default();
         config.report_received = true;
         let session =
-            ServerSession::with_config(SERVER_NAME, writer, config, Instant::now()).unwrap();
+            TcpServerSession::with_config(SERVER_NAME, writer, config, Instant::now()).unwrap();
         let mut server = TcpServer::bind(SmolRuntime, "127.0.0.1:0", session)
             .await
             .unwrap();
@@ -170,8 +170,8 @@ fn synapse_client_against_our_server() {
                 None => deadline_passed(Instant::now() - PATIENCE, &peer),
                 Some(Step::Peer(None)) => peer_done = true,
                 Some(Step::Peer(Some(line))) => peer.seen.push(line),
-                Some(Step::Ours(TcpServerEvent::Session(event))) => match event {
-                    ServerEvent::Received { client, command } => {
+                Some(Step::Ours(event)) => match event {
+                    TcpServerEvent::Received { client, command } => {
                         let line = wire(&command);
                         let replicated = matches!(command, Command::Replicate);
                         let synced = matches!(command, Command::UserSync(_));
@@ -192,13 +192,12 @@ fn synapse_client_against_our_server() {
                             server.session_mut().close(client, "test over");
                         }
                     }
-                    ServerEvent::PeerError { client, message } => {
+                    TcpServerEvent::PeerError { client, message } => {
                         peer_errors.push((client.get(), message.to_string()));
                     }
+                    TcpServerEvent::Disconnected { .. } => disconnected += 1,
                     _ => {}
                 },
-                Some(Step::Ours(TcpServerEvent::Disconnected { .. })) => disconnected += 1,
-                Some(Step::Ours(_)) => {}
             }
             if peer_done && disconnected == 2 {
                 break;
@@ -276,7 +275,7 @@ fn our_client_against_synapse_server() {
             }
         };
         let follower = Follower::new(InstanceName::from("worker1"), registry());
-        let session = ClientSession::new(SERVER_NAME, follower).unwrap();
+        let session = TcpClientSession::new(SERVER_NAME, follower).unwrap();
         let mut client = TcpClient::new(SmolRuntime, format!("127.0.0.1:{port}"), session);
 
         let mut sleep = SmolRuntime.sleep_until(started + PATIENCE);
@@ -313,30 +312,31 @@ fn our_client_against_synapse_server() {
                 Some(Step::Ours(Some(event))) => {
                     let reached_9 = matches!(
                         &event,
-                        TcpClientEvent::Position {
+                        TcpClientEvent::Follower(FollowerEvent::Position {
                             token: Token(9),
                             ..
-                        }
+                        })
                     );
                     match event {
                         TcpClientEvent::Ready { server_name } => {
                             events.push(format!("ready {server_name}"))
                         }
-                        TcpClientEvent::Rows { token, rows, .. } => {
+                        TcpClientEvent::Follower(FollowerEvent::Rows { token, rows, .. }) => {
                             let rows: Vec<&str> = rows.iter().map(RawRow::as_str).collect();
                             events.push(format!("rows {token} {}", rows.join(" ")));
                         }
-                        event @ (TcpClientEvent::Position { .. }
-                        | TcpClientEvent::Started { .. }
-                        | TcpClientEvent::Reset { .. }
-                        | TcpClientEvent::Session(ClientEvent::Follower(_))) => {
-                            events.push(event.to_string())
+                        event @ TcpClientEvent::Follower(_) => events.push(event.to_string()),
+                        TcpClientEvent::Disconnected {
+                            reason: Disconnect::Tcp(error),
+                            ..
+                        } => {
+                            closing = Some(error);
+                            client.close().await
                         }
-                        TcpClientEvent::Session(ClientEvent::Closing(error)) => {
-                            closing = Some(error)
-                        }
-                        TcpClientEvent::Session(other) => events.push(format!("{other:?}")),
                         TcpClientEvent::Disconnected { .. } => client.close().await,
+                        other @ (TcpClientEvent::Command(_)
+                        | TcpClientEvent::PeerError(_)
+                        | TcpClientEvent::Received(_)) => events.push(format!("{other:?}")),
                         _ => {}
                     }
                     if reached_9 {
@@ -402,7 +402,7 @@ fn our_pings_reach_synapse() {
         let follower = Follower::new(InstanceName::from("worker1"), registry());
         let mut config = TcpSessionConfig::default();
         config.report_received = true;
-        let session = ClientSession::with_config(SERVER_NAME, follower, config).unwrap();
+        let session = TcpClientSession::with_config(SERVER_NAME, follower, config).unwrap();
         let mut client = TcpClient::new(SmolRuntime, format!("127.0.0.1:{port}"), session);
         let mut sleep = SmolRuntime.sleep_until(started + PATIENCE);
         let mut pings_received = 0;
@@ -428,10 +428,13 @@ fn our_pings_reach_synapse() {
                 None => deadline_passed(Instant::now() - PATIENCE, &peer),
                 Some(Step::Peer(None)) => break,
                 Some(Step::Peer(Some(line))) => peer.seen.push(line),
-                Some(Step::Ours(Some(TcpClientEvent::Session(ClientEvent::Received(
-                    Command::Ping(_),
-                ))))) => pings_received += 1,
-                Some(Step::Ours(Some(TcpClientEvent::Session(ClientEvent::Closing(error))))) => {
+                Some(Step::Ours(Some(TcpClientEvent::Received(Command::Ping(_))))) => {
+                    pings_received += 1
+                }
+                Some(Step::Ours(Some(TcpClientEvent::Disconnected {
+                    reason: Disconnect::Tcp(error),
+                    ..
+                }))) => {
                     panic!("closed: {error}")
                 }
                 Some(Step::Ours(None)) => closed = true,

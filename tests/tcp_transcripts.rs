@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::pair::{Log, Pair, SERVER_NAME, client, client_summary, row, server, server_summary};
 use synapse_replication::positions::{CatchUpRequest, FollowerEvent, RowSource};
 use synapse_replication::session::{
-    ClientEvent, ConnectionState, SendError, ServerEvent, TcpError, TcpSessionConfig,
+    ConnectionState, SendError, TcpClientEvent, TcpError, TcpServerEvent, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, FederationAck, InstanceName, RawRow, StreamName, Token};
 
@@ -25,7 +25,7 @@ fn answer_catch_ups(pair: &mut Pair, log: &Log, page: usize) -> Vec<CatchUpReque
         let pending: Vec<CatchUpRequest> = pair.client_events[seen..]
             .iter()
             .filter_map(|event| match event {
-                ClientEvent::Follower(FollowerEvent::CatchUp(request)) => Some(request.clone()),
+                TcpClientEvent::Follower(FollowerEvent::CatchUp(request)) => Some(request.clone()),
                 _ => None,
             })
             .collect();
@@ -47,7 +47,7 @@ fn caches_rows(pair: &Pair) -> Vec<(i64, RowSource, usize)> {
     pair.client_events
         .iter()
         .filter_map(|event| match event {
-            ClientEvent::Follower(FollowerEvent::Rows {
+            TcpClientEvent::Follower(FollowerEvent::Rows {
                 stream: StreamName::Caches,
                 token,
                 rows,
@@ -187,7 +187,7 @@ fn pings_keep_an_idle_connection_up() {
         !pair
             .client_events
             .iter()
-            .any(|e| matches!(e, ClientEvent::Closing(_)))
+            .any(|e| matches!(e, TcpClientEvent::Closing(_)))
     );
 }
 
@@ -228,11 +228,11 @@ fn a_silent_client_is_closed_after_25_s() {
     assert_eq!(last.at, secs(25));
     assert!(matches!(
         pair.server_events.last(),
-        Some(ServerEvent::Closing { error: TcpError::PingTimeout(silent), .. }) if *silent == secs(25)
+        Some(TcpServerEvent::Closing { error: TcpError::PingTimeout(silent), .. }) if *silent == secs(25)
     ));
     // The client saw the server's pings and its ERROR, then the end.
     assert!(
-        matches!(pair.client_events.last(), Some(ClientEvent::PeerError(m)) if m == "ping timeout")
+        matches!(pair.client_events.last(), Some(TcpClientEvent::PeerError(m)) if m == "ping timeout")
     );
 }
 
@@ -253,7 +253,7 @@ fn a_silent_server_is_closed_after_25_s() {
     );
     assert!(matches!(
         pair.client_events.last(),
-        Some(ClientEvent::Closing(TcpError::PingTimeout(_)))
+        Some(TcpClientEvent::Closing(TcpError::PingTimeout(_)))
     ));
 }
 
@@ -318,7 +318,7 @@ fn invalid_lines_get_an_error_and_a_close() {
             let sent = pair.server_lines();
             assert!(sent.last().unwrap().starts_with(error), "{line}: {sent:?}");
             assert!(
-                matches!(pair.client_events.last(), Some(ClientEvent::Closing(_))),
+                matches!(pair.client_events.last(), Some(TcpClientEvent::Closing(_))),
                 "{line}: nothing after the error"
             );
         } else {
@@ -331,7 +331,10 @@ fn invalid_lines_get_an_error_and_a_close() {
             let sent = pair.client_lines();
             assert!(sent.last().unwrap().starts_with(error), "{line}: {sent:?}");
             assert!(
-                matches!(pair.server_events.last(), Some(ServerEvent::Closing { .. })),
+                matches!(
+                    pair.server_events.last(),
+                    Some(TcpServerEvent::Closing { .. })
+                ),
                 "{line}: nothing after the error"
             );
         }
@@ -402,7 +405,9 @@ fn line_too_long() {
     assert!(!pair.is_connected());
     assert!(matches!(
         pair.client_events.last(),
-        Some(ClientEvent::Closing(TcpError::LineTooLong { max: 16384 }))
+        Some(TcpClientEvent::Closing(TcpError::LineTooLong {
+            max: 16384
+        }))
     ));
 
     // The same towards the server, in one chunk with more lines after.
@@ -467,7 +472,7 @@ fn a_server_whose_client_does_not_read_fails_it_at_10001_commands() {
     assert!(!pair.is_connected());
     assert!(matches!(
         pair.server_events.last(),
-        Some(ServerEvent::Closing {
+        Some(TcpServerEvent::Closing {
             error: TcpError::FailedToKeepUp {
                 commands: 10_001,
                 ..
@@ -523,7 +528,7 @@ fn a_fatal_error_whose_error_line_cannot_be_written_is_aborted() {
     assert!(!pair.client_lines().iter().any(|l| l.starts_with("ERROR")));
     assert!(matches!(
         pair.server_events.last(),
-        Some(ServerEvent::Closing { error: TcpError::ByApplication(m), .. }) if m == "bye\nnow"
+        Some(TcpServerEvent::Closing { error: TcpError::ByApplication(m), .. }) if m == "bye\nnow"
     ));
 }
 
@@ -540,7 +545,7 @@ fn a_fatal_error_stays_fatal() {
     assert!(
         pair.client
             .poll_event()
-            .is_some_and(|e| matches!(e, ClientEvent::Closing(_)))
+            .is_some_and(|e| matches!(e, TcpClientEvent::Closing(_)))
     );
     assert!(
         pair.client.poll_event().is_none(),
@@ -699,8 +704,8 @@ fn remote_server_up_is_relayed_to_the_other_clients() {
         })
         .collect();
     let pump =
-        |server: &mut synapse_replication::session::ServerSession,
-         clients: &mut Vec<(_, synapse_replication::session::ClientSession)>| {
+        |server: &mut synapse_replication::session::TcpServerSession,
+         clients: &mut Vec<(_, synapse_replication::session::TcpClientSession)>| {
             for _ in 0..3 {
                 for (id, client) in clients.iter_mut() {
                     while let Some(bytes) = client.poll_transmit() {
@@ -722,11 +727,11 @@ fn remote_server_up_is_relayed_to_the_other_clients() {
         .iter_mut()
         .map(|(_, client)| {
             std::iter::from_fn(|| client.poll_event()).any(|e| {
-                matches!(e, ClientEvent::Command(Command::RemoteServerUp(ref s)) if s == "other.org")
+                matches!(e, TcpClientEvent::Command(Command::RemoteServerUp(ref s)) if s == "other.org")
             })
         })
         .collect();
     assert_eq!(heard, [false, true, true]);
-    let events: Vec<ServerEvent> = std::iter::from_fn(|| server.poll_event()).collect();
+    let events: Vec<TcpServerEvent> = std::iter::from_fn(|| server.poll_event()).collect();
     assert!(server_summary(&events).contains(&"command #1 REMOTE_SERVER_UP other.org".to_owned()));
 }

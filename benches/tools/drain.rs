@@ -261,7 +261,6 @@ async fn follow<R: synapse_replication::transport::Runtime>(
 
     use synapse_replication::positions::{CatchUpPage, FollowerEvent};
     use synapse_replication::session::{RedisEvent, RedisLink, RedisSession};
-    use synapse_replication::transport::RedisClientEvent;
 
     // Messages the session counted: commands and malformed lines.
     let seen = |session: &RedisSession| {
@@ -280,19 +279,19 @@ async fn follow<R: synapse_replication::transport::Runtime>(
             first = Some(Instant::now());
         }
         match event {
-            RedisClientEvent::Command(command) if !args.exact && command == *sentinel => {
+            RedisEvent::Command(command) if !args.exact && command == *sentinel => {
                 sentinel_at = Some(seen(client.session()) - 1);
                 break;
             }
-            RedisClientEvent::Session(RedisEvent::Received { command, .. }) => {
+            RedisEvent::Received { command, .. } => {
                 if *command == *sentinel {
                     sentinel_at = Some(events);
                     break;
                 }
                 events += 1;
             }
-            RedisClientEvent::Session(RedisEvent::Malformed { .. }) => events += 1,
-            RedisClientEvent::Session(RedisEvent::Follower(FollowerEvent::CatchUp(request))) => {
+            RedisEvent::Malformed { .. } => events += 1,
+            RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
                 // Nothing to fetch from: skip the range.
                 let page = CatchUpPage {
                     updates: Vec::new(),
@@ -301,22 +300,19 @@ async fn follow<R: synapse_replication::transport::Runtime>(
                 };
                 let _ = client.handle_catch_up(request.id, page);
             }
-            RedisClientEvent::Ready => {
+            RedisEvent::Ready => {
                 ready = true;
                 eprintln!("drain: ready");
             }
-            RedisClientEvent::Disconnected { link, reason, .. } => {
+            RedisEvent::Disconnected { link, reason, .. } => {
                 eprintln!("drain: {link} lost: {reason}");
                 if link == RedisLink::Subscriber {
                     break;
                 }
             }
-            RedisClientEvent::ConnectFailed { link, error, .. } => {
+            RedisEvent::ConnectFailed { link, error, .. } => {
                 eprintln!("drain: cannot connect the {link}: {error}");
                 break;
-            }
-            RedisClientEvent::Session(RedisEvent::Closing { link, error }) => {
-                eprintln!("drain: closing the {link}: {error}");
             }
             _ => {}
         }

@@ -390,7 +390,6 @@ async fn drive(
     use std::task::Poll;
 
     use synapse_replication::session::RedisEvent;
-    use synapse_replication::transport::RedisClientEvent;
 
     poll_fn(|cx| {
         loop {
@@ -404,17 +403,14 @@ async fn drive(
                 Poll::Pending => return Poll::Pending,
             };
             let error = match event {
-                RedisClientEvent::Command(command) => {
+                RedisEvent::Command(command) => {
                     *seen |= command == *sentinel;
                     continue;
                 }
-                RedisClientEvent::Session(RedisEvent::Closing { link, error }) => {
-                    format!("{link} closing: {error}")
-                }
-                RedisClientEvent::Disconnected { link, reason, .. } => {
+                RedisEvent::Disconnected { link, reason, .. } => {
                     format!("{link} lost: {reason}")
                 }
-                RedisClientEvent::ConnectFailed { link, error, .. } => {
+                RedisEvent::ConnectFailed { link, error, .. } => {
                     format!("{link} cannot connect: {error}")
                 }
                 _ => continue,

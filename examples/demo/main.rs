@@ -75,6 +75,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::positions::BoxError;
 
 use bytes::Bytes;
 use smol::LocalExecutor;
@@ -83,11 +84,11 @@ use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Writer,
 };
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, RedisEvent, RedisSession, ServerEvent, ServerSession,
+    RedisEvent, RedisSession, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerEvent,
+    TcpServerSession,
 };
 use synapse_replication::transport::{
-    BoxError, BoxFuture, CatchUpSource, RedisClient, RedisClientEvent, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
+    BoxFuture, CatchUpSource, RedisClient, RedisConfig, SmolRuntime, TcpClient, TcpServer,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -314,8 +315,8 @@ enum Master {
     Redis(Box<RedisClient<SmolRuntime>>),
     Tcp {
         server: Box<TcpServer<SmolRuntime>>,
-        names: HashMap<String, ClientId>,
-        closing: Option<(ClientId, Sender<Result<(), String>>)>,
+        names: HashMap<String, TcpClientId>,
+        closing: Option<(TcpClientId, Sender<Result<(), String>>)>,
     },
 }
 
@@ -345,7 +346,7 @@ impl Master {
     async fn tcp(streams: &[StreamName]) -> Result<Master> {
         let registry = Arc::new(StreamWriters::default());
         let writer = master_writer(registry, streams)?;
-        let session = ServerSession::new(SERVER_NAME, writer, Instant::now())?;
+        let session = TcpServerSession::new(SERVER_NAME, writer, Instant::now())?;
         let server = TcpServer::bind(SmolRuntime, "127.0.0.1:0", session).await?;
         Ok(Master::Tcp {
             server: Box::new(server),
@@ -426,19 +427,19 @@ impl Master {
     async fn next(&mut self) -> Option<Report> {
         match self {
             Master::Redis(client) => match client.next_event().await? {
-                RedisClientEvent::Ready => Some(Report::Ready {
+                RedisEvent::Ready => Some(Report::Ready {
                     name: "master",
                     what: format!(
                         "subscribed to \"{SERVER_NAME}\", announced POSITION caches 0 and typing 0"
                     ),
                     addr: None,
                 }),
-                RedisClientEvent::Connected { .. }
-                | RedisClientEvent::Rows { .. }
-                | RedisClientEvent::Position { .. }
-                | RedisClientEvent::Started { .. }
-                | RedisClientEvent::Command(_)
-                | RedisClientEvent::Session(RedisEvent::Follower(_)) => None,
+                RedisEvent::Connected { .. }
+                | RedisEvent::Follower(FollowerEvent::Rows { .. })
+                | RedisEvent::Follower(FollowerEvent::Position { .. })
+                | RedisEvent::Follower(FollowerEvent::Started { .. })
+                | RedisEvent::Command(_)
+                | RedisEvent::Follower(_) => None,
                 other => Some(Report::Note(format!("master: {other:?}"))),
             },
             Master::Tcp {
@@ -446,7 +447,7 @@ impl Master {
                 names,
                 closing,
             } => match server.next_event().await {
-                TcpServerEvent::Session(ServerEvent::Named { client, name }) => {
+                TcpServerEvent::Named { client, name } => {
                     names.insert(name.to_string(), client);
                     None
                 }
@@ -457,10 +458,7 @@ impl Master {
                     }
                     None
                 }
-                TcpServerEvent::Accepted { .. }
-                | TcpServerEvent::Session(
-                    ServerEvent::Replicated { .. } | ServerEvent::Closing { .. },
-                ) => None,
+                TcpServerEvent::Accepted { .. } | TcpServerEvent::Replicated { .. } => None,
                 other => Some(Report::Note(format!("master: {other:?}"))),
             },
         }
@@ -510,53 +508,46 @@ impl Client {
     fn tcp(name: &'static str, addr: &str, log: Arc<Mutex<Log>>) -> Result<Client> {
         let registry = Arc::new(StreamWriters::default());
         let follower = Follower::new(InstanceName::from(name), registry);
-        let session = ClientSession::new(SERVER_NAME, follower)?;
+        let session = TcpClientSession::new(SERVER_NAME, follower)?;
         let client = TcpClient::new(SmolRuntime, addr, session).with_catch_up(log_source(log));
         Ok(Client::Tcp(Box::new(client)))
     }
 
     async fn next(&mut self) -> Seen {
         match self {
-            Client::Redis(client) => {
-                match client.next_event().await.map(|e| e.into_follower_event()) {
-                    None => Seen::Closed,
-                    Some(Ok(event)) => Seen::Follower(event),
-                    Some(Err(RedisClientEvent::Ready)) => Seen::Ready(format!(
-                        "subscribed to \"{SERVER_NAME}\", asked every writer for its positions \
-                     (REPLICATE)"
-                    )),
-                    Some(Err(RedisClientEvent::Disconnected {
-                        link,
-                        reason,
-                        retry_in,
-                    })) => Seen::Note(format!(
-                        "lost its {link} connection ({reason}); reconnecting in {} ms",
-                        retry_in.as_millis()
-                    )),
-                    Some(Err(
-                        RedisClientEvent::Connected { .. } | RedisClientEvent::Command(_),
-                    )) => Seen::Nothing,
-                    Some(Err(other)) => Seen::Note(format!("{other:?}")),
-                }
-            }
-            Client::Tcp(client) => match client.next_event().await.map(|e| e.into_follower_event())
-            {
+            Client::Redis(client) => match client.next_event().await {
                 None => Seen::Closed,
-                Some(Ok(event)) => Seen::Follower(event),
-                Some(Err(TcpClientEvent::Ready { .. })) => Seen::Ready(
+                Some(RedisEvent::Follower(event)) => Seen::Follower(event),
+                Some(RedisEvent::Ready) => Seen::Ready(format!(
+                    "subscribed to \"{SERVER_NAME}\", asked every writer for its positions \
+                     (REPLICATE)"
+                )),
+                Some(RedisEvent::Disconnected {
+                    link,
+                    reason,
+                    retry_in,
+                }) => Seen::Note(format!(
+                    "lost its {link} connection ({reason}); reconnecting in {} ms",
+                    retry_in.as_millis()
+                )),
+                Some(RedisEvent::Connected { .. } | RedisEvent::Command(_)) => Seen::Nothing,
+                Some(other) => Seen::Note(format!("{other:?}")),
+            },
+            Client::Tcp(client) => match client.next_event().await {
+                None => Seen::Closed,
+                Some(TcpClientEvent::Follower(event)) => Seen::Follower(event),
+                Some(TcpClientEvent::Ready { .. }) => Seen::Ready(
                     "connected to master's server, asked for its positions (REPLICATE)".into(),
                 ),
-                Some(Err(TcpClientEvent::Session(ClientEvent::PeerError(message)))) => {
+                Some(TcpClientEvent::PeerError(message)) => {
                     Seen::Note(format!("the server said ERROR {message}"))
                 }
-                Some(Err(TcpClientEvent::Disconnected { reason, retry_in })) => {
-                    Seen::Note(format!(
-                        "lost its connection ({reason}); reconnecting in {} ms",
-                        retry_in.as_millis()
-                    ))
-                }
-                Some(Err(TcpClientEvent::Connected)) => Seen::Nothing,
-                Some(Err(other)) => Seen::Note(format!("{other:?}")),
+                Some(TcpClientEvent::Disconnected { reason, retry_in }) => Seen::Note(format!(
+                    "lost its connection ({reason}); reconnecting in {} ms",
+                    retry_in.as_millis()
+                )),
+                Some(TcpClientEvent::Connected) => Seen::Nothing,
+                Some(other) => Seen::Note(format!("{other:?}")),
             },
         }
     }

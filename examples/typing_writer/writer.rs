@@ -18,6 +18,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::positions::{BoxError, FollowerEvent};
+use synapse_replication::session::RedisEvent;
 
 use futures::channel::mpsc;
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt, StreamExt};
@@ -26,8 +28,8 @@ use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, HttpCatchUp, HttpRequest, HttpResponse, HttpServer,
-    HttpServerCounters, RedisClient, RedisClientEvent, SmolRuntime, SynapseConfig, async_trait,
+    CatchUpSource, HttpRequest, HttpResponse, HttpServer, HttpServerCounters, RedisClient,
+    SmolRuntime, SynapseConfig, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 
@@ -246,11 +248,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     smol::spawn(server.run()).detach();
 
     let mut client = RedisClient::follow(SmolRuntime, &options.synapse, instance.clone())
-        .map_err(io::Error::other)?
-        .with_catch_up(Arc::new(HttpCatchUp::from_synapse(
-            SmolRuntime,
-            &options.synapse,
-        )));
+        .map_err(io::Error::other)?;
     // Typing starts at 0 with each start, as Synapse's writer does; the
     // Writer announces it on every (re)connection and REPLICATE.
     client
@@ -282,7 +280,7 @@ async fn redis_task(
             }
             event = client.next_event().fuse() => match event {
                 None => return,
-                Some(RedisClientEvent::Rows { stream: StreamName::Events, rows, .. }) => {
+                Some(RedisEvent::Follower(FollowerEvent::Rows { stream: StreamName::Events, rows, .. })) => {
                     for row in &rows {
                         let Some((room, user, membership)) = membership(row) else {
                             continue;
@@ -293,7 +291,7 @@ async fn redis_task(
                         }
                     }
                 }
-                Some(event @ (RedisClientEvent::Ready | RedisClientEvent::Disconnected { .. })) => {
+                Some(event @ (RedisEvent::Ready | RedisEvent::Disconnected { .. })) => {
                     eprintln!("typing writer: redis {event}");
                 }
                 Some(_) => {}

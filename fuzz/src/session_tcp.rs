@@ -19,7 +19,7 @@ use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerSession, TcpSessionConfig,
+    TcpClientEvent, TcpClientId, TcpClientSession, ConnectionState, TcpServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -121,7 +121,7 @@ fn registry() -> Arc<StreamWriters> {
 fn client(mut input: Input<'_>) {
     let mut now = Instant::now();
     let follower = Follower::new(InstanceName::from("worker1"), registry());
-    let mut session = ClientSession::with_config("example.com", follower, config()).unwrap();
+    let mut session = TcpClientSession::with_config("example.com", follower, config()).unwrap();
     session.connect(now);
     let mut after = AfterFatal::default();
     let mut catch_ups: Vec<CatchUpRequest> = Vec::new();
@@ -200,7 +200,7 @@ fn client(mut input: Input<'_>) {
             }
         }
         while let Some(event) = session.poll_event() {
-            if let ClientEvent::Follower(FollowerEvent::CatchUp(request)) = event {
+            if let TcpClientEvent::Follower(FollowerEvent::CatchUp(request)) = event {
                 catch_ups.push(request);
             }
         }
@@ -217,13 +217,13 @@ fn server(mut input: Input<'_>) {
     let mut writer = Writer::new(InstanceName::master(), registry());
     writer.advance(&StreamName::Caches, Token(0)).unwrap();
     writer.advance(&StreamName::Typing, Token(0)).unwrap();
-    let mut session = ServerSession::with_config("example.com", writer, config(), now).unwrap();
-    let mut ids: Vec<ClientId> = Vec::new();
-    let mut after: HashMap<ClientId, AfterFatal> = HashMap::new();
+    let mut session = TcpServerSession::with_config("example.com", writer, config(), now).unwrap();
+    let mut ids: Vec<TcpClientId> = Vec::new();
+    let mut after: HashMap<TcpClientId, AfterFatal> = HashMap::new();
     let mut token = 0i64;
     while let Some(op) = input.byte() {
         let pick =
-            |ids: &[ClientId], b: u8| (!ids.is_empty()).then(|| ids[usize::from(b) % ids.len()]);
+            |ids: &[TcpClientId], b: u8| (!ids.is_empty()).then(|| ids[usize::from(b) % ids.len()]);
         match op % 10 {
             0 => ids.push(session.accept(now)),
             1 | 2 => {

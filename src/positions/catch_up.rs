@@ -1,7 +1,9 @@
 //! Fetching missed rows out of band: the request a follower makes, the page
 //! a writer answers.
 
+use std::error::Error;
 use std::fmt;
+use std::time::Instant;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -207,6 +209,45 @@ pub enum CatchUpError {
         /// The request's `from`.
         from: Token,
     },
+}
+
+/// Any error, boxed: what a catch-up source fails with.
+pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// Failures in a row after which a catch-up is reported stuck.
+pub const STUCK_AFTER_FAILURES: u32 = 3;
+
+/// A catch-up that failed [`STUCK_AFTER_FAILURES`] times or more in a row:
+/// its writer's rows on its stream wait for it (other writers and streams
+/// go on). It is retried until it succeeds, with a backoff capped at the
+/// client's `max_backoff`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StuckCatchUp {
+    /// The stream.
+    pub stream: StreamName,
+    /// The writer whose rows are missing.
+    pub writer: InstanceName,
+    /// The range last asked for, `(from, to]`.
+    pub from: Token,
+    /// See `from`.
+    pub to: Token,
+    /// When its first failure in this run of failures happened.
+    pub since: Instant,
+    /// Failures in a row.
+    pub failures: u32,
+    /// The last error, as text.
+    pub error: String,
+}
+
+impl fmt::Display for StuckCatchUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "catch-up of {} from {} ({}, {}] stuck after {} failures: {}",
+            self.stream, self.writer, self.from, self.to, self.failures, self.error
+        )
+    }
 }
 
 #[cfg(test)]

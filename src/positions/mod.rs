@@ -59,7 +59,10 @@ mod history;
 mod serve;
 mod writer;
 
-pub use catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest};
+pub use catch_up::{
+    BoxError, CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest,
+    STUCK_AFTER_FAILURES, StuckCatchUp,
+};
 pub use follower::{
     Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, Rows,
     SeedError,

@@ -3,15 +3,15 @@
 //!
 //! Over Redis, [`RedisSession`] is one process's pair of connections
 //! (subscriber and publisher, or one RESP3 connection). Over direct TCP,
-//! [`ClientSession`] is a worker following a server's streams and
-//! [`ServerSession`] a process serving the streams it writes to many
+//! [`TcpClientSession`] is a worker following a server's streams and
+//! [`TcpServerSession`] a process serving the streams it writes to many
 //! clients. They take bytes and the current time in and give back events,
 //! bytes to write and the next deadline; they open no socket, read no
 //! clock and spawn no task. The async drivers in
 //! [`transport`](crate::transport) move their bytes over real sockets.
 //!
 //! Every session takes input the same way: `handle_input(<which
-//! connection>, &bytes, now)` (a [`ClientSession`] has one connection, so
+//! connection>, &bytes, now)` (a [`TcpClientSession`] has one connection, so
 //! it takes no first argument), and `handle_timeout(now)`. After each,
 //! drain `poll_transmit`, then `poll_event`, then read `poll_timeout`.
 //!
@@ -22,7 +22,7 @@
 //! use std::sync::Arc;
 //! use std::time::Instant;
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
-//! use synapse_replication::session::{ClientEvent, ClientId, ClientSession, ServerSession};
+//! use synapse_replication::session::{TcpClientEvent, TcpClientId, TcpClientSession, TcpServerSession};
 //! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 //! use synapse_replication::writers::StreamWriters;
 //!
@@ -32,16 +32,16 @@
 //! // The main process serves the `typing` stream, which it writes...
 //! let mut writer = Writer::new(InstanceName::master(), registry.clone());
 //! writer.advance(&StreamName::Typing, Token(0))?;
-//! let mut server = ServerSession::new("example.com", writer, now)?;
+//! let mut server = TcpServerSession::new("example.com", writer, now)?;
 //!
 //! // ...and a worker connects to follow it.
 //! let follower = Follower::new(InstanceName::from("worker1"), registry);
-//! let mut client = ClientSession::new("example.com", follower)?;
+//! let mut client = TcpClientSession::new("example.com", follower)?;
 //! let id = server.accept(now);
 //! client.connect(now);
 //!
 //! // The wire: bytes one way and the other until both are quiet.
-//! fn pump(server: &mut ServerSession, id: ClientId, client: &mut ClientSession, now: Instant) {
+//! fn pump(server: &mut TcpServerSession, id: TcpClientId, client: &mut TcpClientSession, now: Instant) {
 //!     loop {
 //!         let mut moved = false;
 //!         while let Some(bytes) = client.poll_transmit() {
@@ -67,7 +67,7 @@
 //!
 //! let mut delivered = Vec::new();
 //! while let Some(event) = client.poll_event() {
-//!     if let ClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
+//!     if let TcpClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
 //!         delivered.push((stream, token, rows.into_vec()));
 //!     }
 //! }
@@ -101,7 +101,7 @@ mod redis;
 pub mod sentinel;
 mod tcp;
 
-pub use error::SendError;
+pub use error::{Disconnect, SendError};
 
 pub use redis::{
     CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
@@ -109,10 +109,10 @@ pub use redis::{
 };
 pub use sentinel::{
     AllowListError, AllowedMasters, DiscoveryError, DiscoveryStep, MasterAddr, NodeRole,
-    SentinelDiscovery, SentinelError, SentinelTarget, SentinelWatch, WatchEvent,
+    SentinelDiscovery, SentinelError, SentinelEvent, SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 pub use tcp::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession, TcpError,
-    TcpSessionConfig,
+    ConnectionState, TcpClientEvent, TcpClientId, TcpClientSession, TcpError, TcpServerEvent,
+    TcpServerSession, TcpSessionConfig,
 };

@@ -2,18 +2,20 @@
 //! for the follower, the retries of what failed, and which are stuck.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
-use crate::wire::{InstanceName, StreamName, Token};
+use crate::positions::{
+    BoxError, CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest, STUCK_AFTER_FAILURES,
+    StuckCatchUp,
+};
+use crate::wire::{InstanceName, StreamName};
 
 use super::runtime::{BoxFuture, Runtime};
-use super::{Backoff, BoxError, CatchUpSource};
+use super::{Backoff, CatchUpSource};
 
 /// A session whose follower takes catch-up answers.
 pub(super) trait CatchUpTarget {
@@ -21,13 +23,13 @@ pub(super) trait CatchUpTarget {
     fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError>;
 }
 
-impl CatchUpTarget for crate::session::ClientSession {
+impl CatchUpTarget for crate::session::TcpClientSession {
     fn handle_catch_up(&mut self, id: CatchUpId, page: CatchUpPage) -> Result<(), CatchUpError> {
-        crate::session::ClientSession::handle_catch_up(self, id, page)
+        crate::session::TcpClientSession::handle_catch_up(self, id, page)
     }
 
     fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
-        crate::session::ClientSession::catch_up_failed(self, id)
+        crate::session::TcpClientSession::catch_up_failed(self, id)
     }
 }
 
@@ -44,42 +46,6 @@ impl CatchUpTarget for crate::session::RedisSession {
 enum Fetched {
     Page(CatchUpRequest, Result<CatchUpPage, BoxError>),
     Retry(CatchUpId),
-}
-
-/// Failures in a row after which a catch-up is reported stuck.
-pub const STUCK_AFTER_FAILURES: u32 = 3;
-
-/// A catch-up that failed [`STUCK_AFTER_FAILURES`] times or more in a row:
-/// its writer's rows on its stream wait for it (other writers and streams
-/// go on). It is retried until it succeeds, with a backoff capped at the
-/// client's `max_backoff`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StuckCatchUp {
-    /// The stream.
-    pub stream: StreamName,
-    /// The writer whose rows are missing.
-    pub writer: InstanceName,
-    /// The range last asked for, `(from, to]`.
-    pub from: Token,
-    /// See `from`.
-    pub to: Token,
-    /// When its first failure in this run of failures happened.
-    pub since: Instant,
-    /// Failures in a row.
-    pub failures: u32,
-    /// The last error, as text.
-    pub error: String,
-}
-
-impl fmt::Display for StuckCatchUp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "catch-up of {} from {} ({}, {}] stuck after {} failures: {}",
-            self.stream, self.writer, self.from, self.to, self.failures, self.error
-        )
-    }
 }
 
 /// A fetch that failed; it is asked again after `retry_in`.

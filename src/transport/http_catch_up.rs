@@ -83,7 +83,7 @@ type Locate = dyn Fn(&InstanceName) -> Option<InstanceLocation> + Send + Sync;
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use synapse_replication::positions::Follower;
-/// use synapse_replication::session::ClientSession;
+/// use synapse_replication::session::TcpClientSession;
 /// use synapse_replication::transport::{HttpCatchUp, SmolRuntime, TcpClient};
 /// use synapse_replication::wire::InstanceName;
 /// use synapse_replication::writers::StreamWriters;
@@ -94,7 +94,7 @@ type Locate = dyn Fn(&InstanceName) -> Option<InstanceLocation> + Send + Sync;
 /// let catch_up = HttpCatchUp::new(SmolRuntime, writers.clone(), Some("secret".into()))
 ///     .with_timeout(Duration::from_secs(10));
 /// let follower = Follower::new(InstanceName::from("worker1"), writers);
-/// let session = ClientSession::new("example.com", follower)?;
+/// let session = TcpClientSession::new("example.com", follower)?;
 /// let client = TcpClient::new(SmolRuntime, "127.0.0.1:9092", session)
 ///     .with_catch_up(Arc::new(catch_up));
 /// # drop(client);

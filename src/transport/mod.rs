@@ -13,19 +13,19 @@
 //! # #[cfg(feature = "runtime-smol")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use synapse_replication::positions::Follower;
-//! use synapse_replication::session::ClientSession;
-//! use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
+//! use synapse_replication::positions::{Follower, FollowerEvent};
+//! use synapse_replication::session::{TcpClientEvent, TcpClientSession};
+//! use synapse_replication::transport::{SmolRuntime, TcpClient};
 //! use synapse_replication::wire::InstanceName;
 //! use synapse_replication::writers::StreamWriters;
 //!
 //! let follower = Follower::new(InstanceName::from("worker1"), Arc::new(StreamWriters::default()));
-//! let session = ClientSession::new("example.com", follower)?;
+//! let session = TcpClientSession::new("example.com", follower)?;
 //! let mut client = TcpClient::new(SmolRuntime, "127.0.0.1:9092", session);
 //! smol::block_on(async {
 //!     while let Some(event) = client.next_event().await {
 //!         match event {
-//!             TcpClientEvent::Rows { stream, writer, token, rows, .. } => {
+//!             TcpClientEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) => {
 //!                 println!("{stream} {writer} {token}: {} rows", rows.len())
 //!             }
 //!             other => println!("{other}"),
@@ -68,7 +68,6 @@
 mod catch_ups;
 mod command_queue;
 mod dial;
-mod events;
 #[cfg(feature = "http-catch-up")]
 mod http_catch_up;
 #[cfg(feature = "http-server")]
@@ -90,17 +89,14 @@ mod tcp_server;
 #[cfg(feature = "runtime-tokio")]
 mod tokio;
 
-use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 pub use async_trait::async_trait;
 
-use crate::positions::{CatchUpPage, CatchUpRequest};
+use crate::positions::{BoxError, CatchUpPage, CatchUpRequest};
 
-pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
 pub use dial::TlsConfig;
-pub use events::{RedisClientEvent, TcpClientEvent};
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
@@ -116,22 +112,17 @@ pub use redis_config::{
     SynapseRedisConfig,
 };
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
-pub use sentinel::SentinelEvent;
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
 pub use smol::SmolRuntime;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
 pub use command_queue::{CommandSendError, CommandSender};
-pub use socket::Disconnect;
 pub use tcp_client::{TcpClient, TcpClientConfig};
-pub use tcp_server::{TcpServer, TcpServerConfig, TcpServerEvent};
+pub use tcp_server::{TcpServer, TcpServerConfig};
 #[cfg(feature = "runtime-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]
 pub use tokio::TokioRuntime;
-
-/// Any error, boxed.
-pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// Where a follower's missed rows come from: answers a
 /// [`CatchUpRequest`] with one page of rows.
@@ -147,8 +138,8 @@ pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 /// crate re-exports:
 ///
 /// ```
-/// use synapse_replication::positions::{CatchUpPage, CatchUpRequest};
-/// use synapse_replication::transport::{BoxError, CatchUpSource, async_trait};
+/// use synapse_replication::positions::{BoxError, CatchUpPage, CatchUpRequest};
+/// use synapse_replication::transport::{CatchUpSource, async_trait};
 ///
 /// /// Nothing is ever missing.
 /// struct Empty;

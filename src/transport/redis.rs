@@ -1,7 +1,6 @@
 //! The async driver for Redis replication: [`RedisClient`] keeps a
 //! [`RedisSession`]'s two connections up, forever.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
@@ -10,21 +9,21 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::positions::{
-    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError, WriteError, Writer,
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError, StuckCatchUp,
+    WriteError, Writer,
 };
 use crate::session::{
-    RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
+    Disconnect, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
+    SentinelEvent,
 };
 use crate::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
 
-use super::catch_ups::{CatchUps, StuckCatchUp};
+use super::catch_ups::CatchUps;
 use super::command_queue::{CommandQueue, CommandSender};
-use super::events::RedisClientEvent;
 use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::sentinel::{FoundMaster, MasterSearch, SentinelEvent, SentinelWatcher};
-use super::socket::Disconnect;
+use super::sentinel::{FoundMaster, MasterSearch, SentinelWatcher};
 use super::socket::{Link, Timer};
 use super::synapse_config::SynapseConfig;
 use super::{Backoff, CatchUpSource};
@@ -80,7 +79,8 @@ impl Default for RedisClientConfig {
 struct Live {
     socket: Link,
     since: Instant,
-    error: Option<String>,
+    /// Set when the driver gives the connection up (a failover, a replica).
+    error: Option<Disconnect>,
     /// The master the sentinels named (sentinel configurations only).
     master: Option<MasterAddr>,
 }
@@ -137,9 +137,9 @@ struct Slot {
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use synapse_replication::transport::{
-///     RedisClient, RedisClientEvent, SmolRuntime, SynapseConfig,
-/// };
+/// use synapse_replication::positions::FollowerEvent;
+/// use synapse_replication::session::RedisEvent;
+/// use synapse_replication::transport::{RedisClient, SmolRuntime, SynapseConfig};
 ///
 /// let synapse = SynapseConfig::from_json(
 ///     r#"{"server_name": "example.com", "redis": {"enabled": true}}"#,
@@ -148,7 +148,7 @@ struct Slot {
 /// smol::block_on(async {
 ///     while let Some(event) = client.next_event().await {
 ///         match event {
-///             RedisClientEvent::Rows { stream, writer, token, rows, .. } => {
+///             RedisEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) => {
 ///                 println!("{stream} {writer} {token}: {} rows", rows.len())
 ///             }
 ///             other => println!("{other}"),
@@ -172,7 +172,6 @@ pub struct RedisClient<R: Runtime> {
     options: RedisClientConfig,
     session: RedisSession,
     slots: [Slot; 2],
-    events: VecDeque<RedisClientEvent>,
     catch_ups: CatchUps,
     timer: Timer,
     read_buffer: Vec<u8>,
@@ -204,10 +203,15 @@ impl<R: Runtime> RedisClient<R> {
     /// the writers the configuration lists, over the deployment's Redis,
     /// under the name `name` (also its Redis client name). It writes no
     /// stream until told to ([`RedisClient::advance`],
-    /// [`RedisClient::write`]). Missed rows are fetched once a
-    /// [`CatchUpSource`] is given ([`RedisClient::with_catch_up`]; over
-    /// Synapse's endpoint: `HttpCatchUp::from_synapse`, feature
-    /// `http-catch-up`).
+    /// [`RedisClient::write`]).
+    ///
+    /// Missed rows are fetched as Synapse's workers fetch them: with the
+    /// feature `http-catch-up`, from each writer's `instance_map` address
+    /// over Synapse's HTTP replication endpoint, with the configuration's
+    /// secret (`HttpCatchUp::from_synapse`); without it, the follower's
+    /// `CatchUp` events are the application's to answer
+    /// ([`RedisClient::handle_catch_up`]). [`RedisClient::with_catch_up`]
+    /// gives another source.
     ///
     /// Fails with [`RedisConfigError::Disabled`] when the deployment does
     /// not use Redis.
@@ -215,7 +219,10 @@ impl<R: Runtime> RedisClient<R> {
         runtime: R,
         synapse: &SynapseConfig,
         name: impl Into<InstanceName>,
-    ) -> Result<RedisClient<R>, RedisConfigError> {
+    ) -> Result<RedisClient<R>, RedisConfigError>
+    where
+        R: Clone,
+    {
         let config = synapse.redis().ok_or(RedisConfigError::Disabled)?.clone();
         let name = name.into();
         let mut options = config.session_config(synapse.server_name());
@@ -226,7 +233,13 @@ impl<R: Runtime> RedisClient<R> {
             Follower::new(name.clone(), writers.clone()),
             Writer::new(name, writers),
         );
-        Ok(RedisClient::new(runtime, config, session))
+        let client = RedisClient::new(runtime.clone(), config, session);
+        #[cfg(feature = "http-catch-up")]
+        let client =
+            client.with_catch_up(Arc::new(super::HttpCatchUp::from_synapse(runtime, synapse)));
+        #[cfg(not(feature = "http-catch-up"))]
+        drop(runtime);
+        Ok(client)
     }
 
     /// A client connecting as `config` says, with the default options. It
@@ -265,7 +278,6 @@ impl<R: Runtime> RedisClient<R> {
             read_buffer: vec![0; options.read_buffer.max(1)],
             options,
             session,
-            events: VecDeque::new(),
             timer: Timer::new(),
             commands,
             sender,
@@ -324,7 +336,7 @@ impl<R: Runtime> RedisClient<R> {
         self.session.advance(stream, current)
     }
 
-    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times or more in
+    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](crate::positions::STUCK_AFTER_FAILURES) times or more in
     /// a row and have not succeeded since, oldest first: what is stuck, and
     /// since when.
     pub fn stuck_catch_ups(&self) -> Vec<StuckCatchUp> {
@@ -391,7 +403,7 @@ impl<R: Runtime> RedisClient<R> {
     /// Drives the connections until there is something to report; `None`
     /// once [`close`](RedisClient::close) was called. Cancel safe (see the
     /// type's docs).
-    pub async fn next_event(&mut self) -> Option<RedisClientEvent> {
+    pub async fn next_event(&mut self) -> Option<RedisEvent> {
         poll_fn(|cx| self.poll_next_event(cx)).await
     }
 
@@ -440,15 +452,14 @@ impl<R: Runtime> RedisClient<R> {
         self.shutdown = true;
         self.commands.close();
         self.catch_ups.clear();
-        self.events.clear();
     }
 
     /// Polls for the next event; see [`next_event`](RedisClient::next_event).
     ///
-    /// The session's events are handed over straight from its queue (the
-    /// client's own queue only holds its own events, and the session's
-    /// that came before them), so that each event is moved once.
-    pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisClientEvent>> {
+    /// Events come straight from the session's queue, which the client's
+    /// own events join, so that each event is moved once and one order
+    /// holds for all.
+    pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisEvent>> {
         if !self.shutdown && self.commands.shutdown_requested() {
             self.shut_down();
         }
@@ -460,28 +471,30 @@ impl<R: Runtime> RedisClient<R> {
                 return Poll::Ready(None);
             }
             let mut progress = self.poll_commands(cx);
-            self.flush_session();
-            let events = &mut self.events;
+            let mut failures = Vec::new();
             progress |= self
                 .catch_ups
                 .poll(cx, &self.runtime, &mut self.session, |failure| {
-                    events.push_back(RedisClientEvent::CatchUpFailed {
-                        request: failure.request,
-                        error: failure.error,
-                        retry_in: failure.retry_in,
-                        failures: failure.failures,
-                    });
-                    if let Some(stuck) = failure.stuck {
-                        events.push_back(RedisClientEvent::CatchUpStuck(stuck));
-                    }
+                    failures.push(failure)
                 });
+            for failure in failures {
+                self.session.push_event(RedisEvent::CatchUpFailed {
+                    request: failure.request,
+                    error: failure.error,
+                    retry_in: failure.retry_in,
+                    failures: failure.failures,
+                });
+                if let Some(stuck) = failure.stuck {
+                    self.session.push_event(RedisEvent::CatchUpStuck(stuck));
+                }
+            }
             let now = self.runtime.now();
             for link in RedisLink::BOTH {
                 progress |= self.poll_link(cx, link, now);
             }
             progress |= self.poll_timer(cx, now);
             progress |= self.poll_watcher(cx, now);
-            if !progress && self.events.is_empty() {
+            if !progress {
                 if let Some(event) = self.next_queued() {
                     return Poll::Ready(Some(event));
                 }
@@ -492,14 +505,16 @@ impl<R: Runtime> RedisClient<R> {
         Poll::Pending
     }
 
-    /// The client's next event, else the session's.
-    fn next_queued(&mut self) -> Option<RedisClientEvent> {
-        if let Some(event) = self.events.pop_front() {
-            return Some(event);
+    /// The next event for the application. `Closing` is not one: the
+    /// link's `Disconnected` reports its error.
+    fn next_queued(&mut self) -> Option<RedisEvent> {
+        loop {
+            let event = self.session.poll_event()?;
+            self.observe(&event);
+            if !matches!(event, RedisEvent::Closing { .. }) {
+                return Some(event);
+            }
         }
-        let event = self.session.poll_event()?;
-        self.observe(&event);
-        Some(RedisClientEvent::from(event))
     }
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
@@ -508,23 +523,13 @@ impl<R: Runtime> RedisClient<R> {
             progress = true;
             let kind = command.kind();
             if let Err(error) = self.session.send(command) {
-                self.flush_session();
-                self.events.push_back(RedisClientEvent::SendFailed {
+                self.session.push_event(RedisEvent::SendFailed {
                     command: kind,
                     error,
                 });
             }
         }
         progress
-    }
-
-    /// Moves the session's events into the client's queue, before an event
-    /// of the client's own.
-    fn flush_session(&mut self) {
-        while let Some(event) = self.session.poll_event() {
-            self.observe(&event);
-            self.events.push_back(RedisClientEvent::from(event));
-        }
     }
 
     /// What the client does about a session event, as it hands it over.
@@ -544,24 +549,20 @@ impl<R: Runtime> RedisClient<R> {
                 if error.code == "READONLY" && self.watcher.is_some() {
                     // The node became a replica: nothing more goes to it.
                     // Both links find the master again through the
-                    // sentinels.
+                    // sentinels. (Heard after a reconnect, this costs one
+                    // more reconnect, no row: catch-ups fetch what a
+                    // reconnect skips.)
                     for slot in &mut self.slots {
                         if let State::Connected(live) = &mut slot.state {
-                            live.error =
-                                Some(format!("{} is a replica now (READONLY)", master_name(live)));
+                            live.error = Some(Disconnect::Replica {
+                                node: live.master.clone(),
+                            });
                         }
                     }
                 }
             }
             RedisEvent::Closing { link, error } => {
                 tracing::warn!(%link, %error, "closing the connection to Redis");
-                if let Some(Slot {
-                    state: State::Connected(live),
-                    ..
-                }) = self.slots.get_mut(slot_index(*link))
-                {
-                    live.error = Some(error.to_string());
-                }
             }
             _ => {}
         }
@@ -639,8 +640,7 @@ impl<R: Runtime> RedisClient<R> {
                             master: None,
                         }));
                         self.session.connect(link, now);
-                        self.flush_session();
-                        self.events.push_back(RedisClientEvent::Connected { link });
+                        self.session.push_event(RedisEvent::Connected { link });
                     }
                     Err(error) => {
                         let retry_in = slot.backoff.next_delay();
@@ -652,7 +652,7 @@ impl<R: Runtime> RedisClient<R> {
                             "cannot connect to Redis"
                         );
                         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
-                        self.events.push_back(RedisClientEvent::ConnectFailed {
+                        self.session.push_event(RedisEvent::ConnectFailed {
                             link,
                             error,
                             retry_in,
@@ -678,7 +678,7 @@ impl<R: Runtime> RedisClient<R> {
                         let retry_in = slot.backoff.next_delay();
                         tracing::warn!(%link, %error, ?retry_in, "no master from the sentinels");
                         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
-                        self.events.push_back(RedisClientEvent::ConnectFailed {
+                        self.session.push_event(RedisEvent::ConnectFailed {
                             link,
                             error,
                             retry_in,
@@ -688,8 +688,13 @@ impl<R: Runtime> RedisClient<R> {
                 true
             }
             State::Connected(live) => {
-                if let Some(message) = live.error.take() {
-                    self.lost(link, Disconnect::Fatal(message), now);
+                let reason = live.error.take().or_else(|| {
+                    self.session
+                        .failure(link)
+                        .map(|error| Disconnect::Redis(error.clone()))
+                });
+                if let Some(reason) = reason {
+                    self.lost(link, reason, now);
                     return true;
                 }
                 let session = &mut self.session;
@@ -757,9 +762,8 @@ impl<R: Runtime> RedisClient<R> {
             master: Some(found.master),
         }));
         self.session.connect(link, now);
-        self.flush_session();
-        self.events.push_back(RedisClientEvent::Sentinel(event));
-        self.events.push_back(RedisClientEvent::Connected { link });
+        self.session.push_event(RedisEvent::Sentinel(event));
+        self.session.push_event(RedisEvent::Connected { link });
     }
 
     /// Hears the sentinels: on a switch, links to another node than the
@@ -777,9 +781,7 @@ impl<R: Runtime> RedisClient<R> {
         match &event {
             SentinelEvent::Switched { to, .. } => {
                 tracing::warn!(%event, "Redis failover");
-                self.flush_session();
-                self.events
-                    .push_back(RedisClientEvent::Sentinel(event.clone()));
+                self.session.push_event(RedisEvent::Sentinel(event.clone()));
                 for link in RedisLink::BOTH {
                     let Some(slot) = self.slots.get_mut(slot_index(link)) else {
                         continue;
@@ -790,11 +792,7 @@ impl<R: Runtime> RedisClient<R> {
                     };
                     if stale {
                         slot.backoff.reset();
-                        self.lost(
-                            link,
-                            Disconnect::Fatal(format!("master switched to {to}")),
-                            now,
-                        );
+                        self.lost(link, Disconnect::MasterSwitched { to: to.clone() }, now);
                     }
                 }
                 return true;
@@ -802,8 +800,7 @@ impl<R: Runtime> RedisClient<R> {
             SentinelEvent::WatchLost { .. } => tracing::warn!(%event, "Redis sentinel"),
             _ => tracing::debug!(%event, "Redis sentinel"),
         }
-        self.flush_session();
-        self.events.push_back(RedisClientEvent::Sentinel(event));
+        self.session.push_event(RedisEvent::Sentinel(event));
         true
     }
 
@@ -820,8 +817,7 @@ impl<R: Runtime> RedisClient<R> {
         tracing::warn!(%link, %reason, ?retry_in, "lost the connection to Redis");
         slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
         self.session.disconnected(link, now);
-        self.flush_session();
-        self.events.push_back(RedisClientEvent::Disconnected {
+        self.session.push_event(RedisEvent::Disconnected {
             link,
             reason,
             retry_in,
@@ -840,12 +836,6 @@ impl RedisConfig {
     }
 }
 
-fn master_name(live: &Live) -> String {
-    live.master
-        .as_ref()
-        .map_or_else(|| "the node".to_owned(), ToString::to_string)
-}
-
 fn slot_index(link: RedisLink) -> usize {
     match link {
         RedisLink::Subscriber => 0,
@@ -862,6 +852,6 @@ mod tests {
     fn client_is_send() {
         fn send<T: Send>() {}
         send::<RedisClient<Arc<dyn Runtime>>>();
-        send::<RedisClientEvent>();
+        send::<RedisEvent>();
     }
 }

@@ -4,7 +4,6 @@
 //! sentinels, moving to the next when it fails. The protocol is in
 //! [`session::sentinel`](crate::session::sentinel); this is only I/O.
 
-use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -13,104 +12,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::io::{AsyncRead, AsyncWrite};
 
-use crate::session::RedisLink;
 use crate::session::sentinel::{
-    DiscoveryError, DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelError, SentinelTarget,
-    SentinelWatch, WatchEvent,
+    DiscoveryError, DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelError, SentinelEvent,
+    SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 use super::Backoff;
 use super::dial;
 use super::redis_config::{RedisConfig, RedisEndpoint};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
-
-/// What the sentinels told a [`RedisClient`](super::RedisClient).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SentinelEvent {
-    /// A link found the master: a sentinel named it and it said `master`.
-    MasterFound {
-        /// The link that connects to it now.
-        link: RedisLink,
-        /// The master.
-        master: MasterAddr,
-        /// The sentinel that named it.
-        sentinel: RedisEndpoint,
-        /// The sentinels asked before in this round, and why they did not
-        /// do (down, no such master, named a replica, ...).
-        rejected: Vec<(RedisEndpoint, SentinelError)>,
-    },
-    /// Failovers are heard through this sentinel from now on.
-    Watching {
-        /// The sentinel.
-        sentinel: RedisEndpoint,
-    },
-    /// The sentinels switched the master: links to another node are
-    /// closed and connect again through discovery.
-    ///
-    /// Switches that follow one within
-    /// [`SWITCH_HOLDOFF`](SentinelEvent::SWITCH_HOLDOFF) are held back
-    /// and reported as one when it is up (`from` the first one's, `to`
-    /// the last one's), so that a storm of `+switch-master` messages
-    /// (a flapping deployment, or a sentinel that lies) closes the links
-    /// at most once per holdoff rather than once per message.
-    Switched {
-        /// The master before.
-        from: MasterAddr,
-        /// The master now.
-        to: MasterAddr,
-    },
-    /// The connection watching for failovers was lost; the next sentinel
-    /// is tried after `retry_in`. Until then a failover is noticed when
-    /// the old master drops its clients or stops answering.
-    WatchLost {
-        /// The sentinel.
-        sentinel: RedisEndpoint,
-        /// Why.
-        error: SentinelError,
-        /// The delay before the next attempt.
-        retry_in: Duration,
-    },
-}
-
-impl SentinelEvent {
-    /// The least time between two [`SentinelEvent::Switched`] (one
-    /// second): the first switch is acted on at once, the last of those
-    /// that follow within this when it is up.
-    pub const SWITCH_HOLDOFF: Duration = Duration::from_secs(1);
-}
-
-impl fmt::Display for SentinelEvent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SentinelEvent::MasterFound {
-                link,
-                master,
-                sentinel,
-                rejected,
-            } => {
-                write!(f, "{link}: master {master} (from sentinel {sentinel})")?;
-                for (sentinel, error) in rejected {
-                    write!(f, "; sentinel {sentinel}: {error}")?;
-                }
-                Ok(())
-            }
-            SentinelEvent::Watching { sentinel } => {
-                write!(f, "watching failovers through sentinel {sentinel}")
-            }
-            SentinelEvent::Switched { from, to } => write!(f, "master switched {from} -> {to}"),
-            SentinelEvent::WatchLost {
-                sentinel,
-                error,
-                retry_in,
-            } => write!(
-                f,
-                "lost sentinel {sentinel}: {error}; retry in {} ms",
-                retry_in.as_millis()
-            ),
-        }
-    }
-}
 
 /// The master a [`MasterSearch`] found, and the connection that checked
 /// its role.

@@ -1,7 +1,6 @@
 //! One socket and one timer, as the drivers use them: writes taken from a
 //! session only when the socket can take them, reads into one buffer.
 
-use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -209,32 +208,6 @@ impl Link {
 
 /// Passes of a driver's poll before it yields to the executor.
 pub(super) const BUDGET: usize = 32;
-
-/// Why a connection ended.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Disconnect {
-    /// The peer closed it.
-    Closed,
-    /// Reading or writing failed.
-    Io(io::Error),
-    /// This end closed it after a fatal error (reported before as the
-    /// session's `Closing` event); the message is that error's.
-    Fatal(String),
-    /// The application closed it.
-    Shutdown,
-}
-
-impl fmt::Display for Disconnect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Disconnect::Closed => f.write_str("closed by the peer"),
-            Disconnect::Io(error) => write!(f, "i/o error: {error}"),
-            Disconnect::Fatal(message) => write!(f, "closed: {message}"),
-            Disconnect::Shutdown => f.write_str("shut down"),
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,5 @@
 //! The async driver of a direct TCP replication client: [`TcpClient`]
-//! connects a [`ClientSession`], reconnecting forever.
+//! connects a [`TcpClientSession`], reconnecting forever.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -9,15 +9,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError};
-use crate::session::{ClientEvent, ClientSession, ConnectionState, SendError};
+use crate::positions::{
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError, StuckCatchUp,
+};
+use crate::session::{
+    ConnectionState, Disconnect, SendError, TcpClientEvent, TcpClientSession, TcpError,
+};
 use crate::wire::{Command, InstanceName, StreamName, Token};
 
-use super::catch_ups::{CatchUps, StuckCatchUp};
+use super::catch_ups::CatchUps;
 use super::command_queue::{CommandQueue, CommandSender};
-use super::events::TcpClientEvent;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::socket::{BUDGET, Disconnect, Link, Timer};
+use super::socket::{BUDGET, Link, Timer};
 use super::{Backoff, CatchUpSource};
 
 /// Options of a [`TcpClient`].
@@ -65,7 +68,8 @@ impl Default for TcpClientConfig {
 struct Live {
     link: Link,
     ready_at: Option<Instant>,
-    error: Option<String>,
+    /// Why the session closes it, once it does.
+    error: Option<TcpError>,
 }
 
 enum ClientState {
@@ -79,7 +83,7 @@ enum ClientState {
     Shutdown,
 }
 
-/// A direct TCP replication client: connects a [`ClientSession`] to a
+/// A direct TCP replication client: connects a [`TcpClientSession`] to a
 /// server and reconnects forever, with backoff.
 ///
 /// Nothing happens unless [`next_event`](TcpClient::next_event) is awaited:
@@ -97,7 +101,7 @@ pub struct TcpClient<R: Runtime> {
     runtime: R,
     addr: String,
     options: TcpClientConfig,
-    session: ClientSession,
+    session: TcpClientSession,
     state: ClientState,
     events: VecDeque<TcpClientEvent>,
     catch_ups: CatchUps,
@@ -131,7 +135,7 @@ impl<R: Runtime> TcpClient<R> {
     /// A client of the server at `addr` (`host:port`) with the default
     /// options. It connects on the first
     /// [`next_event`](TcpClient::next_event).
-    pub fn new(runtime: R, addr: impl Into<String>, session: ClientSession) -> TcpClient<R> {
+    pub fn new(runtime: R, addr: impl Into<String>, session: TcpClientSession) -> TcpClient<R> {
         TcpClient::with_options(runtime, addr, session, TcpClientConfig::default())
     }
 
@@ -139,7 +143,7 @@ impl<R: Runtime> TcpClient<R> {
     pub fn with_options(
         runtime: R,
         addr: impl Into<String>,
-        session: ClientSession,
+        session: TcpClientSession,
         options: TcpClientConfig,
     ) -> TcpClient<R> {
         let (commands, sender) = CommandQueue::new(options.command_queue);
@@ -168,7 +172,7 @@ impl<R: Runtime> TcpClient<R> {
         self
     }
 
-    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](super::STUCK_AFTER_FAILURES) times or more in
+    /// The catch-ups that failed [`STUCK_AFTER_FAILURES`](crate::positions::STUCK_AFTER_FAILURES) times or more in
     /// a row and have not succeeded since, oldest first: what is stuck, and
     /// since when.
     pub fn stuck_catch_ups(&self) -> Vec<StuckCatchUp> {
@@ -194,13 +198,13 @@ impl<R: Runtime> TcpClient<R> {
     }
 
     /// The session (the follower, the connection's state).
-    pub fn session(&self) -> &ClientSession {
+    pub fn session(&self) -> &TcpClientSession {
         &self.session
     }
 
     /// The session, to seed positions through its follower. Do not
     /// connect or disconnect it: the client does.
-    pub fn session_mut(&mut self) -> &mut ClientSession {
+    pub fn session_mut(&mut self) -> &mut TcpClientSession {
         &mut self.session
     }
 
@@ -215,7 +219,7 @@ impl<R: Runtime> TcpClient<R> {
         self.commands.refused()
     }
 
-    /// Queues a command for the server (see [`ClientSession::send`]); it is
+    /// Queues a command for the server (see [`TcpClientSession::send`]); it is
     /// written during the next [`next_event`](TcpClient::next_event).
     pub fn send(&mut self, command: Command) -> Result<(), SendError> {
         self.session.send(command)
@@ -342,18 +346,17 @@ impl<R: Runtime> TcpClient<R> {
 
     fn drain_session(&mut self) {
         while let Some(event) = self.session.poll_event() {
-            match &event {
-                ClientEvent::Follower(FollowerEvent::CatchUp(request)) => {
-                    self.catch_ups.start(request);
-                }
-                ClientEvent::Closing(error) => {
-                    if let ClientState::Connected(live) = &mut self.state {
-                        live.error = Some(error.to_string());
-                    }
-                }
-                _ => {}
+            if let TcpClientEvent::Follower(FollowerEvent::CatchUp(request)) = &event {
+                self.catch_ups.start(request);
             }
-            self.events.push_back(TcpClientEvent::from(event));
+            // Kept for the connection's `Disconnected`, which reports it.
+            if let TcpClientEvent::Closing(error) = event {
+                if let ClientState::Connected(live) = &mut self.state {
+                    live.error = Some(error);
+                }
+                continue;
+            }
+            self.events.push_back(event);
         }
     }
 
@@ -431,8 +434,11 @@ impl<R: Runtime> TcpClient<R> {
         }
         let state = session.state();
         if matches!(state, None | Some(ConnectionState::Aborted)) {
-            let message = live.error.take().unwrap_or_default();
-            self.lost(Disconnect::Fatal(message), now);
+            let reason = live
+                .error
+                .take()
+                .map_or(Disconnect::Shutdown, Disconnect::Tcp);
+            self.lost(reason, now);
             return true;
         }
         let written = match live.link.poll_write(cx, || session.poll_transmit()) {
@@ -445,8 +451,11 @@ impl<R: Runtime> TcpClient<R> {
         let mut progress = written.progress;
         if state == Some(ConnectionState::Closing) {
             if written.drained && live.link.poll_close(cx).is_ready() {
-                let message = live.error.take().unwrap_or_default();
-                self.lost(Disconnect::Fatal(message), now);
+                let reason = live
+                    .error
+                    .take()
+                    .map_or(Disconnect::Shutdown, Disconnect::Tcp);
+                self.lost(reason, now);
                 return true;
             }
         } else {
@@ -500,7 +509,8 @@ impl<R: Runtime> TcpClient<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{TcpServer, TcpServerEvent};
+    use crate::session::TcpServerEvent;
+    use crate::transport::TcpServer;
 
     /// Drivers can be moved to a spawned task.
     #[test]

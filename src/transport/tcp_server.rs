@@ -1,5 +1,5 @@
 //! The async driver of a direct TCP replication server: [`TcpServer`]
-//! accepts clients and serves a [`ServerSession`].
+//! accepts clients and serves a [`TcpServerSession`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -9,10 +9,12 @@ use std::net::SocketAddr;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::session::{ClientId, ConnectionState, ServerEvent, ServerSession};
+use crate::session::{
+    ConnectionState, Disconnect, TcpClientId, TcpError, TcpServerEvent, TcpServerSession,
+};
 
 use super::runtime::{BoxFuture, Listener, Runtime};
-use super::socket::{BUDGET, Disconnect, Link, Timer};
+use super::socket::{BUDGET, Link, Timer};
 
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,45 +48,14 @@ impl Default for TcpServerConfig {
     }
 }
 
-/// What a [`TcpServer`] tells the application.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum TcpServerEvent {
-    /// A client connected; `SERVER` and `PING` are on their way.
-    Accepted {
-        /// Its id in the session.
-        client: ClientId,
-        /// Its address.
-        peer: SocketAddr,
-    },
-    /// A client's connection ended; the session forgot it.
-    Disconnected {
-        /// The client.
-        client: ClientId,
-        /// Why.
-        reason: Disconnect,
-    },
-    /// Accepting a connection failed; the server goes on after
-    /// [`TcpServerConfig::accept_pause`].
-    AcceptFailed(io::Error),
-    /// A connection was closed as soon as it was accepted: the server
-    /// already serves [`TcpServerConfig::max_connections`]. Counted in
-    /// [`TcpServer::refused_connections`].
-    Refused {
-        /// Its address.
-        peer: SocketAddr,
-    },
-    /// What the session reports.
-    Session(ServerEvent),
-}
-
 struct ServerLink {
     link: Link,
-    error: Option<String>,
+    /// Why the session closes it, once it does.
+    error: Option<TcpError>,
 }
 
 /// A direct TCP replication server: accepts clients and serves them a
-/// [`ServerSession`] (the streams its [`Writer`](crate::positions::Writer)
+/// [`TcpServerSession`] (the streams its [`Writer`](crate::positions::Writer)
 /// writes).
 ///
 /// Nothing happens unless [`next_event`](TcpServer::next_event) is awaited:
@@ -103,14 +74,14 @@ struct ServerLink {
 /// use std::sync::Arc;
 /// use std::time::Instant;
 /// use synapse_replication::positions::Writer;
-/// use synapse_replication::session::ServerSession;
+/// use synapse_replication::session::TcpServerSession;
 /// use synapse_replication::transport::{SmolRuntime, TcpServer};
 /// use synapse_replication::wire::{InstanceName, StreamName, Token};
 /// use synapse_replication::writers::StreamWriters;
 ///
 /// let mut writer = Writer::new(InstanceName::master(), Arc::new(StreamWriters::default()));
 /// writer.advance(&StreamName::Caches, Token(0))?;
-/// let session = ServerSession::new("example.com", writer, Instant::now())?;
+/// let session = TcpServerSession::new("example.com", writer, Instant::now())?;
 /// smol::block_on(async {
 ///     let mut server = TcpServer::bind(SmolRuntime, "127.0.0.1:9092", session).await?;
 ///     loop {
@@ -125,8 +96,8 @@ struct ServerLink {
 pub struct TcpServer<R: Runtime> {
     runtime: R,
     listener: Box<dyn Listener>,
-    session: ServerSession,
-    links: BTreeMap<ClientId, ServerLink>,
+    session: TcpServerSession,
+    links: BTreeMap<TcpClientId, ServerLink>,
     events: VecDeque<TcpServerEvent>,
     timer: Timer,
     read_buffer: Vec<u8>,
@@ -149,7 +120,11 @@ impl<R: Runtime> fmt::Debug for TcpServer<R> {
 impl<R: Runtime> TcpServer<R> {
     /// Listens on `addr` (`host:port`, port 0 picks one) with the default
     /// options.
-    pub async fn bind(runtime: R, addr: &str, session: ServerSession) -> io::Result<TcpServer<R>> {
+    pub async fn bind(
+        runtime: R,
+        addr: &str,
+        session: TcpServerSession,
+    ) -> io::Result<TcpServer<R>> {
         TcpServer::bind_with(runtime, addr, session, TcpServerConfig::default()).await
     }
 
@@ -157,7 +132,7 @@ impl<R: Runtime> TcpServer<R> {
     pub async fn bind_with(
         runtime: R,
         addr: &str,
-        mut session: ServerSession,
+        mut session: TcpServerSession,
         options: TcpServerConfig,
     ) -> io::Result<TcpServer<R>> {
         let listener = runtime.listen(addr).await?;
@@ -182,7 +157,7 @@ impl<R: Runtime> TcpServer<R> {
     }
 
     /// The session.
-    pub fn session(&self) -> &ServerSession {
+    pub fn session(&self) -> &TcpServerSession {
         &self.session
     }
 
@@ -194,7 +169,7 @@ impl<R: Runtime> TcpServer<R> {
 
     /// The session, to write rows and send commands. Do not `accept` or
     /// disconnect clients through it: the server does.
-    pub fn session_mut(&mut self) -> &mut ServerSession {
+    pub fn session_mut(&mut self) -> &mut TcpServerSession {
         &mut self.session
     }
 
@@ -228,14 +203,18 @@ impl<R: Runtime> TcpServer<R> {
         Poll::Pending
     }
 
+    /// Moves the session's events into the server's queue, in order with
+    /// the server's own. `Closing` is kept for the client's
+    /// `Disconnected`, which reports its error.
     fn drain_session(&mut self) {
         while let Some(event) = self.session.poll_event() {
-            if let ServerEvent::Closing { client, error } = &event {
-                if let Some(link) = self.links.get_mut(client) {
-                    link.error = Some(error.to_string());
+            if let TcpServerEvent::Closing { client, error } = event {
+                if let Some(link) = self.links.get_mut(&client) {
+                    link.error = Some(error);
                 }
+                continue;
             }
-            self.events.push_back(TcpServerEvent::Session(event));
+            self.events.push_back(event);
         }
     }
 
@@ -290,10 +269,11 @@ impl<R: Runtime> TcpServer<R> {
             let link = &mut server_link.link;
             let state = session.client_state(client);
             if matches!(state, None | Some(ConnectionState::Aborted)) {
-                gone.push((
-                    client,
-                    Disconnect::Fatal(server_link.error.take().unwrap_or_default()),
-                ));
+                let reason = server_link
+                    .error
+                    .take()
+                    .map_or(Disconnect::Shutdown, Disconnect::Tcp);
+                gone.push((client, reason));
                 continue;
             }
             let written = match link.poll_write(cx, || session.poll_transmit(client)) {
@@ -308,8 +288,11 @@ impl<R: Runtime> TcpServer<R> {
                 if written.drained {
                     match link.poll_close(cx) {
                         Poll::Ready(_) => {
-                            let message = server_link.error.take().unwrap_or_default();
-                            gone.push((client, Disconnect::Fatal(message)));
+                            let reason = server_link
+                                .error
+                                .take()
+                                .map_or(Disconnect::Shutdown, Disconnect::Tcp);
+                            gone.push((client, reason));
                         }
                         Poll::Pending => {}
                     }

@@ -18,12 +18,12 @@ use std::future::poll_fn;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
+use synapse_replication::positions::{BoxError, FollowerEvent};
 
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
-use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
+use synapse_replication::session::{Disconnect, RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig,
-    Runtime, async_trait,
+    CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::{StreamWriters, WriterRegistry};
@@ -325,7 +325,7 @@ impl Process for Node {
         &mut self.client
     }
 
-    fn record(&mut self, event: RedisClientEvent) {
+    fn record(&mut self, event: RedisEvent) {
         if std::env::var_os("REDIS_TEST_TRACE").is_some() {
             eprintln!("{}: {event}", self.name);
         }
@@ -333,14 +333,14 @@ impl Process for Node {
             self.events.push(event.to_string());
         }
         match event {
-            RedisClientEvent::Ready => self.ready += 1,
-            RedisClientEvent::Rows {
+            RedisEvent::Ready => self.ready += 1,
+            RedisEvent::Follower(FollowerEvent::Rows {
                 stream,
                 writer,
                 token,
                 rows,
                 ..
-            } => {
+            }) => {
                 let rows: Vec<RawRow> = rows.into_iter().collect();
                 let key = (stream, writer);
                 let cursor = self.cursors.entry(key.clone()).or_default();
@@ -352,21 +352,24 @@ impl Process for Node {
                 let (next, token) = (cursor.next, cursor.token);
                 self.logs.trim(&key.0, &key.1, next, token);
             }
-            RedisClientEvent::Connected { .. } => self.connected += 1,
-            RedisClientEvent::ConnectFailed { link, retry_in, .. } => {
+            RedisEvent::Connected { .. } => self.connected += 1,
+            RedisEvent::ConnectFailed { link, retry_in, .. } => {
                 self.connect_failed.push((link, retry_in))
             }
-            RedisClientEvent::Disconnected {
+            RedisEvent::Disconnected {
                 link,
                 reason,
                 retry_in,
-            } => self.disconnects.push((link, reason.to_string(), retry_in)),
-            RedisClientEvent::Session(RedisEvent::Closing { error, .. }) => {
-                self.closing.push(error)
+            } => {
+                if let Disconnect::Redis(error) = &reason {
+                    self.closing.push(error.clone());
+                }
+                self.disconnects.push((link, reason.to_string(), retry_in));
             }
-            RedisClientEvent::Session(RedisEvent::Malformed { .. }) => self.malformed += 1,
-            RedisClientEvent::CatchUpFailed { .. } => self.catch_up_failures += 1,
-            event @ (RedisClientEvent::Started { .. } | RedisClientEvent::Reset { .. }) => {
+            RedisEvent::Malformed { .. } => self.malformed += 1,
+            RedisEvent::CatchUpFailed { .. } => self.catch_up_failures += 1,
+            event @ (RedisEvent::Follower(FollowerEvent::Started { .. })
+            | RedisEvent::Follower(FollowerEvent::Reset { .. })) => {
                 self.surprises.push(event.to_string())
             }
             _ => {}
@@ -399,7 +402,7 @@ pub trait Process {
     /// Its client.
     fn client(&mut self) -> &mut RedisClient<Rt>;
     /// Handles one event of the client.
-    fn record(&mut self, event: RedisClientEvent);
+    fn record(&mut self, event: RedisEvent);
     /// What it has seen, for a timeout's panic message.
     fn summary(&self) -> String;
 }

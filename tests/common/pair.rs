@@ -1,5 +1,5 @@
 //! A pair harness for the direct TCP sessions (after quinn-proto's `Pair`):
-//! a [`ServerSession`] and a [`ClientSession`] on an in-memory wire, with a
+//! a [`TcpServerSession`] and a [`TcpClientSession`] on an in-memory wire, with a
 //! virtual clock that jumps to the earliest deadline. No sockets, no sleeps.
 
 use std::collections::BTreeMap;
@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{
-    ClientEvent, ClientId, ClientSession, ConnectionState, ServerEvent, ServerSession,
-    TcpSessionConfig,
+    ConnectionState, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerEvent,
+    TcpServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -30,12 +30,12 @@ pub struct WireLine {
 pub struct Pair {
     pub start: Instant,
     pub now: Instant,
-    pub server: ServerSession,
-    pub client: ClientSession,
+    pub server: TcpServerSession,
+    pub client: TcpClientSession,
     /// The server's id for the current connection.
-    pub id: Option<ClientId>,
-    pub server_events: Vec<ServerEvent>,
-    pub client_events: Vec<ClientEvent>,
+    pub id: Option<TcpClientId>,
+    pub server_events: Vec<TcpServerEvent>,
+    pub client_events: Vec<TcpClientEvent>,
     /// Lines delivered to the client / to the server.
     pub to_client: Vec<WireLine>,
     pub to_server: Vec<WireLine>,
@@ -56,18 +56,18 @@ pub fn registry() -> Arc<StreamWriters> {
 }
 
 /// A server session for `master` writing `streams`, each from token 0.
-pub fn server(streams: &[StreamName], config: TcpSessionConfig, now: Instant) -> ServerSession {
+pub fn server(streams: &[StreamName], config: TcpSessionConfig, now: Instant) -> TcpServerSession {
     let mut writer = Writer::new(InstanceName::master(), registry());
     for stream in streams {
         writer.advance(stream, Token(0)).unwrap();
     }
-    ServerSession::with_config(SERVER_NAME, writer, config, now).unwrap()
+    TcpServerSession::with_config(SERVER_NAME, writer, config, now).unwrap()
 }
 
 /// A client session `worker1` expecting `server_name`.
-pub fn client(server_name: &str, config: TcpSessionConfig) -> ClientSession {
+pub fn client(server_name: &str, config: TcpSessionConfig) -> TcpClientSession {
     let follower = Follower::new(InstanceName::from("worker1"), registry());
-    ClientSession::with_config(server_name, follower, config).unwrap()
+    TcpClientSession::with_config(server_name, follower, config).unwrap()
 }
 
 impl Pair {
@@ -89,7 +89,7 @@ impl Pair {
     }
 
     /// A pair of the given sessions.
-    pub fn from_sessions(server: ServerSession, client: ClientSession, now: Instant) -> Pair {
+    pub fn from_sessions(server: TcpServerSession, client: TcpClientSession, now: Instant) -> Pair {
         Pair {
             start: now,
             now,
@@ -344,36 +344,38 @@ pub fn row(n: i64) -> RawRow {
 }
 
 /// One line per client event, for transcripts.
-pub fn client_summary(events: &[ClientEvent]) -> Vec<String> {
+pub fn client_summary(events: &[TcpClientEvent]) -> Vec<String> {
     events
         .iter()
         .map(|event| match event {
-            ClientEvent::Ready { server_name } => format!("ready {server_name}"),
-            ClientEvent::Follower(event) => event.to_string(),
-            ClientEvent::Command(command) => format!("command {}", wire(command)),
-            ClientEvent::PeerError(message) => format!("peer error {message}"),
-            ClientEvent::Received(command) => format!("received {}", wire(command)),
-            ClientEvent::Closing(error) => format!("closing: {error}"),
+            TcpClientEvent::Ready { server_name } => format!("ready {server_name}"),
+            TcpClientEvent::Follower(event) => event.to_string(),
+            TcpClientEvent::Command(command) => format!("command {}", wire(command)),
+            TcpClientEvent::PeerError(message) => format!("peer error {message}"),
+            TcpClientEvent::Received(command) => format!("received {}", wire(command)),
+            TcpClientEvent::Closing(error) => format!("closing: {error}"),
             other => format!("{other:?}"),
         })
         .collect()
 }
 
 /// One line per server event, for transcripts.
-pub fn server_summary(events: &[ServerEvent]) -> Vec<String> {
+pub fn server_summary(events: &[TcpServerEvent]) -> Vec<String> {
     events
         .iter()
         .map(|event| match event {
-            ServerEvent::Named { client, name } => format!("named {client} {name}"),
-            ServerEvent::Replicated { client } => format!("replicated {client}"),
-            ServerEvent::Command { client, command } => {
+            TcpServerEvent::Named { client, name } => format!("named {client} {name}"),
+            TcpServerEvent::Replicated { client } => format!("replicated {client}"),
+            TcpServerEvent::Command { client, command } => {
                 format!("command {client} {}", wire(command))
             }
-            ServerEvent::PeerError { client, message } => format!("peer error {client} {message}"),
-            ServerEvent::Received { client, command } => {
+            TcpServerEvent::PeerError { client, message } => {
+                format!("peer error {client} {message}")
+            }
+            TcpServerEvent::Received { client, command } => {
                 format!("received {client} {}", wire(command))
             }
-            ServerEvent::Closing { client, error } => format!("closing {client}: {error}"),
+            TcpServerEvent::Closing { client, error } => format!("closing {client}: {error}"),
             other => format!("{other:?}"),
         })
         .collect()

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::resp::{self};
+use crate::resp;
 use crate::wire::Decoder;
 
 /// A password for Redis, and the ACL user it belongs to (none: Redis'

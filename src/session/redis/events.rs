@@ -1,15 +1,45 @@
-//! What a [`RedisSession`](super::RedisSession) tells the application.
+//! [`RedisEvent`]: what a [`RedisSession`](super::RedisSession), and the
+//! [`RedisClient`](crate::transport::RedisClient) that drives one, tell
+//! the application.
 
 use std::fmt;
+use std::io;
+use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::positions::FollowerEvent;
+use crate::positions::{BoxError, CatchUpRequest, FollowerEvent, StuckCatchUp};
 use crate::wire::{Command, CommandKind, DecodeError};
 
+use super::super::error::{Disconnect, SendError};
+use super::super::sentinel::SentinelEvent;
 use super::{RedisError, RedisErrorReply, RedisLink};
 
-/// What a [`RedisSession`](crate::session::RedisSession) tells the application.
+/// What a [`RedisSession`](crate::session::RedisSession) and a
+/// [`RedisClient`](crate::transport::RedisClient) tell the application:
+/// one event type, whoever builds it. The session builds the first
+/// variants; the client adds the connections' ups and downs, its
+/// catch-ups' failures and what the sentinels said, from
+/// [`Connected`](Self::Connected) on.
+///
+/// Everything a follower handles is one level deep, in
+/// [`Follower`](Self::Follower): rows, positions, the catch-ups it asks
+/// for, resets, rejected writers.
+///
+/// ```
+/// use synapse_replication::positions::FollowerEvent;
+/// use synapse_replication::session::RedisEvent;
+///
+/// fn handle(event: RedisEvent) {
+///     match event {
+///         RedisEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) => {
+///             println!("{stream} from {writer} at {token}: {} rows", rows.len())
+///         }
+///         RedisEvent::Command(command) => println!("{}", command.kind()),
+///         other => println!("{other}"),
+///     }
+/// }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisEvent {
@@ -56,12 +86,76 @@ pub enum RedisEvent {
     },
     /// This session gave up `link`: close the socket, then call
     /// [`RedisSession::disconnected`](crate::session::RedisSession::disconnected). Nothing more will be read from or
-    /// written to it.
+    /// written to it. (A [`RedisClient`](crate::transport::RedisClient)
+    /// does both, and reports it as [`Disconnected`](Self::Disconnected)
+    /// with this error.)
     Closing {
         /// The connection.
         link: RedisLink,
         /// Why.
         error: RedisError,
+    },
+    /// A connection is up; its handshake is on its way.
+    /// [`Ready`](Self::Ready) follows once both are subscribed and
+    /// authenticated. (From a client.)
+    Connected {
+        /// Which.
+        link: RedisLink,
+    },
+    /// Connecting failed; the next attempt is in `retry_in`. (From a
+    /// client.)
+    ConnectFailed {
+        /// Which connection.
+        link: RedisLink,
+        /// Why.
+        error: io::Error,
+        /// The delay before the next attempt.
+        retry_in: Duration,
+    },
+    /// A connection ended; the next attempt is in `retry_in`. Losing the
+    /// subscriber makes the follower drop what belonged to it; on the next
+    /// subscription the writers' `POSITION`s show what was missed, and
+    /// catch-ups fetch it. (From a client.)
+    Disconnected {
+        /// Which connection.
+        link: RedisLink,
+        /// Why.
+        reason: Disconnect,
+        /// The delay before reconnecting.
+        retry_in: Duration,
+    },
+    /// The client's [`CatchUpSource`](crate::transport::CatchUpSource)
+    /// failed; the catch-up is asked again (with a new id) after
+    /// `retry_in`. Only this writer's rows of the stream wait for it. Each
+    /// writer's retries back off on their own.
+    CatchUpFailed {
+        /// The request that failed.
+        request: CatchUpRequest,
+        /// The source's error.
+        error: BoxError,
+        /// The delay before asking again.
+        retry_in: Duration,
+        /// Failures in a row of this writer's catch-up, this one included
+        /// (since when: `stuck_catch_ups`, once it is stuck).
+        failures: u32,
+    },
+    /// A catch-up failed
+    /// [`STUCK_AFTER_FAILURES`](crate::positions::STUCK_AFTER_FAILURES)
+    /// times in a row (reported once per run of failures; it is still
+    /// retried). Until it succeeds the client's `stuck_catch_ups` lists it.
+    CatchUpStuck(StuckCatchUp),
+    /// What the sentinels said (with a sentinel
+    /// [`RedisConfig`](crate::transport::RedisConfig) only): the master
+    /// each link found, failovers, the watch's ups and downs.
+    Sentinel(SentinelEvent),
+    /// A command given to a
+    /// [`CommandSender`](crate::transport::CommandSender) could not be
+    /// sent (not ready, or refused); it was dropped.
+    SendFailed {
+        /// The command.
+        command: CommandKind,
+        /// Why.
+        error: SendError,
     },
 }
 
@@ -84,6 +178,40 @@ impl fmt::Display for RedisEvent {
                 write!(f, "publishing {command} failed: {error}")
             }
             RedisEvent::Closing { link, error } => write!(f, "closing {link}: {error}"),
+            RedisEvent::Connected { link } => write!(f, "connected {link}"),
+            RedisEvent::ConnectFailed {
+                link,
+                error,
+                retry_in,
+            } => write!(
+                f,
+                "connecting {link} failed: {error}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisEvent::Disconnected {
+                link,
+                reason,
+                retry_in,
+            } => write!(
+                f,
+                "disconnected {link}: {reason}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisEvent::CatchUpFailed {
+                request,
+                error,
+                retry_in,
+                failures,
+            } => write!(
+                f,
+                "{request} failed ({failures} in a row): {error}; retry in {} ms",
+                retry_in.as_millis()
+            ),
+            RedisEvent::CatchUpStuck(stuck) => write!(f, "{stuck}"),
+            RedisEvent::Sentinel(event) => write!(f, "{event}"),
+            RedisEvent::SendFailed { command, error } => {
+                write!(f, "sending {command} failed: {error}")
+            }
         }
     }
 }

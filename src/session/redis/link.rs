@@ -40,6 +40,8 @@ pub(super) struct Link {
     /// The last time something arrived, or replies began to be owed.
     pub(super) last_progress: Instant,
     pub(super) failed: bool,
+    /// Why the session gave it up, once `failed`.
+    pub(super) failure: Option<super::RedisError>,
 }
 
 impl fmt::Debug for Link {
@@ -73,6 +75,7 @@ impl Link {
             last_ping: now,
             last_progress: now,
             failed: false,
+            failure: None,
         }
     }
 

@@ -650,8 +650,9 @@ impl RedisSession {
     /// Queues an event of the session's own. The follower's events stay
     /// in the follower's queue, so that a run of rows is not moved through
     /// a second one; this event is marked with how many of them come
-    /// before it, and `poll_event` keeps that order.
-    fn push_event(&mut self, event: RedisEvent) {
+    /// before it, and `poll_event` keeps that order. The driver queues
+    /// its own events here too, so that one order holds for all.
+    pub(crate) fn push_event(&mut self, event: RedisEvent) {
         let before = self.follower_taken + self.follower.queued_events() as u64;
         self.events.push_back((before, event));
     }
@@ -738,6 +739,9 @@ impl RedisSession {
             *count += 1;
         }
         *self.counters.closes.entry(error.reason()).or_default() += 1;
+        if let Some(conn) = self.link_mut(link) {
+            conn.failure = Some(error.clone());
+        }
         self.push_event(RedisEvent::Closing { link, error });
     }
 
@@ -977,6 +981,13 @@ impl RedisSession {
     /// The options.
     pub fn options(&self) -> &RedisSessionConfig {
         &self.options
+    }
+
+    /// Why this session gave `link` up (the error of its
+    /// [`RedisEvent::Closing`]), until [`RedisSession::disconnected`]; `None`
+    /// while the link is usable or not connected.
+    pub fn failure(&self, link: RedisLink) -> Option<&RedisError> {
+        self.link(link).and_then(|conn| conn.failure.as_ref())
     }
 
     /// The follower.

@@ -67,10 +67,12 @@
 
 mod allow;
 mod discovery;
+mod events;
 mod watch;
 
 pub use allow::{AllowListError, AllowedMasters};
 pub use discovery::SentinelDiscovery;
+pub use events::SentinelEvent;
 pub use watch::{SentinelWatch, WatchEvent};
 
 use std::collections::VecDeque;

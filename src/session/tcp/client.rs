@@ -12,7 +12,7 @@ use crate::wire::{Command, Decoder, EncodeError, Side};
 use super::super::SendError;
 use super::super::lines::LineTooLong;
 use super::conn::{Conn, Due, PingClock, Queued, clock_at, encode_line, wall_clock};
-use super::{ClientEvent, ConnectionState, TcpError, TcpSessionConfig};
+use super::{ConnectionState, TcpClientEvent, TcpError, TcpSessionConfig};
 
 /// The client end of a direct TCP replication connection: a worker
 /// following the streams of a server (Synapse's
@@ -20,42 +20,42 @@ use super::{ClientEvent, ConnectionState, TcpError, TcpSessionConfig};
 ///
 /// One session lives as long as the client: it owns the [`Follower`],
 /// whose positions and outstanding catch-ups outlive connections. Each
-/// connection starts with [`ClientSession::connect`] and ends with
-/// [`ClientSession::disconnected`].
+/// connection starts with [`TcpClientSession::connect`] and ends with
+/// [`TcpClientSession::disconnected`].
 ///
 /// # Call order
 ///
-/// - When a connection is up, call [`connect`](ClientSession::connect): it
+/// - When a connection is up, call [`connect`](TcpClientSession::connect): it
 ///   queues `NAME`, `PING` and `REPLICATE`.
 /// - Give every byte received to
-///   [`handle_input`](ClientSession::handle_input), call
-///   [`handle_timeout`](ClientSession::handle_timeout) when the time given
-///   by [`poll_timeout`](ClientSession::poll_timeout) has passed, and act
-///   with [`send`](ClientSession::send),
-///   [`handle_catch_up`](ClientSession::handle_catch_up) and
-///   [`catch_up_failed`](ClientSession::catch_up_failed).
+///   [`handle_input`](TcpClientSession::handle_input), call
+///   [`handle_timeout`](TcpClientSession::handle_timeout) when the time given
+///   by [`poll_timeout`](TcpClientSession::poll_timeout) has passed, and act
+///   with [`send`](TcpClientSession::send),
+///   [`handle_catch_up`](TcpClientSession::handle_catch_up) and
+///   [`catch_up_failed`](TcpClientSession::catch_up_failed).
 /// - **After every input**: drain
-///   [`poll_transmit`](ClientSession::poll_transmit) until `None` (write
+///   [`poll_transmit`](TcpClientSession::poll_transmit) until `None` (write
 ///   each chunk in order; only take a chunk when the socket can take it,
 ///   so that a peer that does not read is detected), then
-///   [`poll_event`](ClientSession::poll_event) until `None`, then read
-///   [`poll_timeout`](ClientSession::poll_timeout) and arm a timer for it.
+///   [`poll_event`](TcpClientSession::poll_event) until `None`, then read
+///   [`poll_timeout`](TcpClientSession::poll_timeout) and arm a timer for it.
 /// - Time must not go backwards: every `now` is at least the previous one
 ///   (an earlier one is treated as the previous one). `poll_timeout` is
 ///   never before the last `now` given, and handling a timeout at the time
 ///   it gave always moves it forward, so an event loop cannot spin. Calls
-///   that take no `now` ([`send`](ClientSession::send), ...) happen at the
+///   that take no `now` ([`send`](TcpClientSession::send), ...) happen at the
 ///   last `now` given: call `handle_timeout(now)` first if time moved (a
 ///   stale time only makes a `PING` come early).
-/// - When [`state`](ClientSession::state) is [`ConnectionState::Closing`],
+/// - When [`state`](TcpClientSession::state) is [`ConnectionState::Closing`],
 ///   stop reading, write what `poll_transmit` still gives, close the
 ///   socket; drop it at once on [`ConnectionState::Aborted`]. Then (or when
-///   the socket fails) call [`disconnected`](ClientSession::disconnected).
+///   the socket fails) call [`disconnected`](TcpClientSession::disconnected).
 ///
 /// # Rules (Synapse's `protocol.py`)
 ///
 /// - On connecting: `NAME <name>` (the follower's own name unless
-///   [`set_client_name`](ClientSession::set_client_name) changed it),
+///   [`set_client_name`](TcpClientSession::set_client_name) changed it),
 ///   `PING <ms>`, `REPLICATE`.
 /// - The server's first command must be `SERVER <name>` with the expected
 ///   name; otherwise `ERROR Wrong remote` and close. (Synapse accepts other
@@ -78,7 +78,7 @@ use super::{ClientEvent, ConnectionState, TcpError, TcpSessionConfig};
 /// how many bytes there are, and [`UserIp`](crate::wire::UserIp) hides its
 /// token.
 #[derive(Debug)]
-pub struct ClientSession {
+pub struct TcpClientSession {
     config: TcpSessionConfig,
     decoder: Decoder,
     server_name: ByteString,
@@ -86,12 +86,12 @@ pub struct ClientSession {
     follower: Follower,
     conn: Option<Conn>,
     greeted: bool,
-    events: VecDeque<ClientEvent>,
+    events: VecDeque<TcpClientEvent>,
     now: Option<Instant>,
     clock: Option<PingClock>,
 }
 
-impl ClientSession {
+impl TcpClientSession {
     /// A client that expects the server `server_name` (Synapse's
     /// `server_name`, e.g. `example.com`) and follows with `follower`, with
     /// the default [`TcpSessionConfig`].
@@ -101,8 +101,8 @@ impl ClientSession {
     pub fn new(
         server_name: impl Into<ByteString>,
         follower: Follower,
-    ) -> Result<ClientSession, EncodeError> {
-        ClientSession::with_config(server_name, follower, TcpSessionConfig::default())
+    ) -> Result<TcpClientSession, EncodeError> {
+        TcpClientSession::with_config(server_name, follower, TcpSessionConfig::default())
     }
 
     /// A client with the given limits and timers.
@@ -110,9 +110,9 @@ impl ClientSession {
         server_name: impl Into<ByteString>,
         follower: Follower,
         config: TcpSessionConfig,
-    ) -> Result<ClientSession, EncodeError> {
+    ) -> Result<TcpClientSession, EncodeError> {
         let name = ByteString::from(follower.own_name().as_str());
-        let mut session = ClientSession {
+        let mut session = TcpClientSession {
             decoder: Decoder::new().max_line_len(config.max_line_len),
             config,
             server_name: server_name.into(),
@@ -243,7 +243,7 @@ impl ClientSession {
         }
         if self.config.report_received {
             self.events
-                .push_back(ClientEvent::Received(command.clone()));
+                .push_back(TcpClientEvent::Received(command.clone()));
         }
         match command {
             Command::Server(name) => {
@@ -256,24 +256,24 @@ impl ClientSession {
                 if !self.greeted {
                     self.greeted = true;
                     self.events
-                        .push_back(ClientEvent::Ready { server_name: name });
+                        .push_back(TcpClientEvent::Ready { server_name: name });
                 }
             }
             _ if !self.greeted => return Err(TcpError::NoGreeting(kind)),
             Command::Ping(_) => {}
-            Command::Error(message) => self.events.push_back(ClientEvent::PeerError(message)),
+            Command::Error(message) => self.events.push_back(TcpClientEvent::PeerError(message)),
             command @ (Command::Rdata(_) | Command::Position(_)) => {
                 self.follower.handle_command(command);
                 self.drain_follower();
             }
-            command => self.events.push_back(ClientEvent::Command(command)),
+            command => self.events.push_back(TcpClientEvent::Command(command)),
         }
         Ok(())
     }
 
     fn drain_follower(&mut self) {
         while let Some(event) = self.follower.poll_event() {
-            self.events.push_back(ClientEvent::Follower(event));
+            self.events.push_back(TcpClientEvent::Follower(event));
         }
     }
 
@@ -286,7 +286,7 @@ impl ClientSession {
         }
         let now = self.now.unwrap_or(conn.last_sent);
         conn.fail(&error.wire_message(), &self.config, now);
-        self.events.push_back(ClientEvent::Closing(error));
+        self.events.push_back(TcpClientEvent::Closing(error));
     }
 
     fn queue(&mut self, line: Bytes) -> Result<(), SendError> {
@@ -362,12 +362,12 @@ impl ClientSession {
 
     /// The next event, or `None`. Drain after every input.
     #[must_use]
-    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+    pub fn poll_event(&mut self) -> Option<TcpClientEvent> {
         if let Some(event) = self.events.pop_front() {
             return Some(event);
         }
         // Events of calls made through `follower_mut`.
-        self.follower.poll_event().map(ClientEvent::Follower)
+        self.follower.poll_event().map(TcpClientEvent::Follower)
     }
 
     /// The next bytes to write, or `None`: whole lines, joined up to
@@ -380,7 +380,7 @@ impl ClientSession {
             .poll_transmit(self.config.max_transmit_len)
     }
 
-    /// When [`handle_timeout`](ClientSession::handle_timeout) must be called
+    /// When [`handle_timeout`](TcpClientSession::handle_timeout) must be called
     /// next; `None` while disconnected. Never before the last `now` given.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -424,7 +424,7 @@ impl ClientSession {
 
     /// The follower, to seed positions ([`Follower::set_position`]) or
     /// forget writers. Its events come out of
-    /// [`poll_event`](ClientSession::poll_event).
+    /// [`poll_event`](TcpClientSession::poll_event).
     pub fn follower_mut(&mut self) -> &mut Follower {
         &mut self.follower
     }

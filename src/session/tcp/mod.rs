@@ -1,5 +1,5 @@
-//! Synapse's direct TCP replication: a sans-IO [`ClientSession`] (a worker
-//! following a server) and [`ServerSession`] (a process serving its streams
+//! Synapse's direct TCP replication: a sans-IO [`TcpClientSession`] (a worker
+//! following a server) and [`TcpServerSession`] (a process serving its streams
 //! to many clients).
 //!
 //! `mod.rs` holds what both ends share (configuration, errors, events);
@@ -8,18 +8,19 @@
 
 mod client;
 mod conn;
+mod events;
 mod server;
 
-pub use client::ClientSession;
-pub use server::ServerSession;
+pub use client::TcpClientSession;
+pub use events::{TcpClientEvent, TcpServerEvent};
+pub use server::TcpServerSession;
 
 use std::fmt;
 use std::time::Duration;
 
 use bytestring::ByteString;
 
-use crate::positions::FollowerEvent;
-use crate::wire::{Command, CommandKind, DecodeError, Decoder, Side};
+use crate::wire::{CommandKind, DecodeError, Decoder, Side};
 
 /// Limits and timers of a direct TCP connection.
 ///
@@ -47,7 +48,7 @@ pub struct TcpSessionConfig {
     /// written before the connection is dropped without it (5 s; Synapse
     /// waits 25 s).
     pub close_timeout: Duration,
-    /// The largest chunk [`poll_transmit`](ClientSession::poll_transmit)
+    /// The largest chunk [`poll_transmit`](TcpClientSession::poll_transmit)
     /// returns: queued lines are joined up to this size (64 KiB). A single
     /// line longer than this is returned alone.
     pub max_transmit_len: usize,
@@ -131,7 +132,7 @@ pub enum TcpError {
         /// Bytes queued.
         bytes: usize,
     },
-    /// The application closed the connection ([`ServerSession::close`]).
+    /// The application closed the connection ([`TcpServerSession::close`]).
     #[error("closed by the application: {0}")]
     ByApplication(String),
 }
@@ -169,7 +170,7 @@ pub enum ConnectionState {
     /// Up: read, write, keep the timers.
     Open,
     /// A fatal error: stop reading; write what
-    /// [`poll_transmit`](ClientSession::poll_transmit) still gives (the
+    /// [`poll_transmit`](TcpClientSession::poll_transmit) still gives (the
     /// `ERROR` line), then close the socket.
     Closing,
     /// The `ERROR` line could not be written within
@@ -177,112 +178,19 @@ pub enum ConnectionState {
     Aborted,
 }
 
-/// Identifies one client connection of a [`ServerSession`].
+/// Identifies one client connection of a [`TcpServerSession`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClientId(u64);
+pub struct TcpClientId(u64);
 
-impl ClientId {
+impl TcpClientId {
     /// The id as a number (unique for the life of one server session).
     pub fn get(self) -> u64 {
         self.0
     }
 }
 
-impl fmt::Display for ClientId {
+impl fmt::Display for TcpClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "#{}", self.0)
     }
-}
-
-/// What a [`ClientSession`] tells the application.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ClientEvent {
-    /// The server greeted with the expected `SERVER` name: the handshake is
-    /// complete (this client sent `NAME`, `PING` and `REPLICATE` on
-    /// connecting).
-    Ready {
-        /// The server name.
-        server_name: ByteString,
-    },
-    /// What the [`Follower`](crate::positions::Follower) decided: rows to apply, positions reached,
-    /// catch-ups to perform (answer with
-    /// [`ClientSession::handle_catch_up`]), resets, rejected commands.
-    Follower(FollowerEvent),
-    /// A command for the application: `REMOTE_SERVER_UP` or
-    /// `LOCK_RELEASED`.
-    Command(Command),
-    /// The server reported an error (`ERROR`); it usually closes next.
-    PeerError(ByteString),
-    /// A valid command was received (only with
-    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
-    Received(Command),
-    /// This client is closing the connection: the `ERROR` line is queued.
-    Closing(TcpError),
-}
-
-impl fmt::Display for ClientEvent {
-    /// One line (rows are counted, not printed; no secret is shown).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ClientEvent::Ready { server_name } => write!(f, "ready {server_name}"),
-            ClientEvent::Follower(event) => write!(f, "{event}"),
-            ClientEvent::Command(command) => write!(f, "command {command:?}"),
-            ClientEvent::PeerError(message) => write!(f, "error from the server: {message}"),
-            ClientEvent::Received(command) => write!(f, "received {command:?}"),
-            ClientEvent::Closing(error) => write!(f, "closing: {error}"),
-        }
-    }
-}
-
-/// What a [`ServerSession`] tells the application.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ServerEvent {
-    /// A client named itself (`NAME`).
-    Named {
-        /// The client.
-        client: ClientId,
-        /// Its name (usually its instance name).
-        name: ByteString,
-    },
-    /// A client sent `REPLICATE`; it was answered with a `POSITION` for
-    /// every stream the server writes.
-    Replicated {
-        /// The client.
-        client: ClientId,
-    },
-    /// A command for the application: `USER_SYNC`, `CLEAR_USER_SYNC`,
-    /// `FEDERATION_ACK`, `USER_IP`, `REMOTE_SERVER_UP`, `LOCK_RELEASED`.
-    /// The last two are also relayed to every other client, so that every
-    /// process hears them as it would over Redis.
-    Command {
-        /// The client that sent it.
-        client: ClientId,
-        /// The command.
-        command: Command,
-    },
-    /// A client reported an error (`ERROR`); it usually closes next.
-    PeerError {
-        /// The client.
-        client: ClientId,
-        /// Its message.
-        message: ByteString,
-    },
-    /// A valid command was received (only with
-    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
-    Received {
-        /// The client.
-        client: ClientId,
-        /// The command.
-        command: Command,
-    },
-    /// The server is closing this client's connection: its `ERROR` line is
-    /// queued.
-    Closing {
-        /// The client.
-        client: ClientId,
-        /// Why.
-        error: TcpError,
-    },
 }

@@ -15,7 +15,7 @@ use crate::wire::{
 use super::super::SendError;
 use super::super::lines::LineTooLong;
 use super::conn::{Conn, Due, PingClock, Queued, clock_at, encode_line, wall_clock};
-use super::{ClientId, ConnectionState, ServerEvent, TcpError, TcpSessionConfig};
+use super::{ConnectionState, TcpClientId, TcpError, TcpServerEvent, TcpSessionConfig};
 
 #[derive(Debug)]
 struct Client {
@@ -35,27 +35,27 @@ struct Client {
 ///
 /// # Call order
 ///
-/// - When a client connects, [`accept`](ServerSession::accept) it (this
-///   queues `SERVER` and `PING`) and keep the [`ClientId`]; when its socket
-///   closes or fails, call [`disconnected`](ServerSession::disconnected).
+/// - When a client connects, [`accept`](TcpServerSession::accept) it (this
+///   queues `SERVER` and `PING`) and keep the [`TcpClientId`]; when its socket
+///   closes or fails, call [`disconnected`](TcpServerSession::disconnected).
 /// - Give every byte a client sent to
-///   [`handle_input`](ServerSession::handle_input), call
-///   [`handle_timeout`](ServerSession::handle_timeout) when the time given
-///   by [`poll_timeout`](ServerSession::poll_timeout) has passed, and write
-///   with [`write`](ServerSession::write),
-///   [`advance`](ServerSession::advance), [`send`](ServerSession::send) and
-///   [`send_to`](ServerSession::send_to).
+///   [`handle_input`](TcpServerSession::handle_input), call
+///   [`handle_timeout`](TcpServerSession::handle_timeout) when the time given
+///   by [`poll_timeout`](TcpServerSession::poll_timeout) has passed, and write
+///   with [`write`](TcpServerSession::write),
+///   [`advance`](TcpServerSession::advance), [`send`](TcpServerSession::send) and
+///   [`send_to`](TcpServerSession::send_to).
 /// - **After every input**: for each client, drain
-///   [`poll_transmit`](ServerSession::poll_transmit) until `None` (when its
+///   [`poll_transmit`](TcpServerSession::poll_transmit) until `None` (when its
 ///   socket can take the bytes), then drain
-///   [`poll_event`](ServerSession::poll_event), then read
-///   [`poll_timeout`](ServerSession::poll_timeout).
+///   [`poll_event`](TcpServerSession::poll_event), then read
+///   [`poll_timeout`](TcpServerSession::poll_timeout).
 /// - Time must not go backwards; `poll_timeout` is never before the last
 ///   `now` given and handling it always moves it forward. Calls that take
-///   no `now` ([`write`](ServerSession::write), ...) happen at the last
+///   no `now` ([`write`](TcpServerSession::write), ...) happen at the last
 ///   `now` given: call `handle_timeout(now)` first if time moved (a stale
 ///   time only makes a `PING` come early).
-/// - A client whose [`client_state`](ServerSession::client_state) is
+/// - A client whose [`client_state`](TcpServerSession::client_state) is
 ///   [`ConnectionState::Closing`] gets its last bytes (the `ERROR` line)
 ///   written and its socket closed; on [`ConnectionState::Aborted`] the
 ///   socket is dropped at once.
@@ -75,14 +75,14 @@ struct Client {
 /// how many bytes there are, and [`UserIp`](crate::wire::UserIp) hides its
 /// token.
 #[derive(Debug)]
-pub struct ServerSession {
+pub struct TcpServerSession {
     config: TcpSessionConfig,
     decoder: Decoder,
     server_line: Bytes,
     writer: Writer,
-    clients: BTreeMap<ClientId, Client>,
+    clients: BTreeMap<TcpClientId, Client>,
     next_id: u64,
-    events: VecDeque<ServerEvent>,
+    events: VecDeque<TcpServerEvent>,
     now: Instant,
     clock: Option<PingClock>,
     /// Streams whose open batch had a row too long to send: its numbered
@@ -90,7 +90,7 @@ pub struct ServerSession {
     cut_batches: Vec<StreamName>,
 }
 
-impl ServerSession {
+impl TcpServerSession {
     /// A server named `server_name` (Synapse's `server_name`, sent as
     /// `SERVER`) that serves the streams `writer` writes, with the default
     /// [`TcpSessionConfig`]. The writer is marked connected: positions and rows
@@ -101,8 +101,8 @@ impl ServerSession {
         server_name: impl Into<ByteString>,
         writer: Writer,
         now: Instant,
-    ) -> Result<ServerSession, EncodeError> {
-        ServerSession::with_config(server_name, writer, TcpSessionConfig::default(), now)
+    ) -> Result<TcpServerSession, EncodeError> {
+        TcpServerSession::with_config(server_name, writer, TcpSessionConfig::default(), now)
     }
 
     /// A server with the given limits and timers.
@@ -111,12 +111,12 @@ impl ServerSession {
         mut writer: Writer,
         config: TcpSessionConfig,
         now: Instant,
-    ) -> Result<ServerSession, EncodeError> {
+    ) -> Result<TcpServerSession, EncodeError> {
         let mut server_line = BytesMut::new();
         Command::Server(server_name.into()).encode(&mut server_line)?;
         server_line.put_u8(b'\n');
         writer.connected(now);
-        let mut session = ServerSession {
+        let mut session = TcpServerSession {
             decoder: Decoder::new().max_line_len(config.max_line_len),
             config,
             server_line: server_line.freeze(),
@@ -153,10 +153,10 @@ impl ServerSession {
     }
 
     /// A client connected: queues `SERVER` and `PING` for it.
-    pub fn accept(&mut self, now: Instant) -> ClientId {
+    pub fn accept(&mut self, now: Instant) -> TcpClientId {
         let now = self.tick(now);
         self.next_id += 1;
-        let id = ClientId(self.next_id);
+        let id = TcpClientId(self.next_id);
         let mut conn = Conn::new(&self.config, now);
         conn.queue(self.server_line.clone(), &self.config, now);
         conn.queue(self.ping_line(), &self.config, now);
@@ -166,13 +166,13 @@ impl ServerSession {
 
     /// The client's connection is gone. Returns `false` if the id is
     /// unknown.
-    pub fn disconnected(&mut self, client: ClientId) -> bool {
+    pub fn disconnected(&mut self, client: TcpClientId) -> bool {
         self.clients.remove(&client).is_some()
     }
 
     /// Handles bytes a client sent, in any chunks. Input for an unknown or
     /// closing client is ignored. Timers due at `now` are handled too.
-    pub fn handle_input(&mut self, client: ClientId, data: &[u8], now: Instant) {
+    pub fn handle_input(&mut self, client: TcpClientId, data: &[u8], now: Instant) {
         let now = self.tick(now);
         if let Some(c) = self.clients.get_mut(&client) {
             if c.conn.is_open() {
@@ -201,7 +201,12 @@ impl ServerSession {
         self.handle_timeout(now);
     }
 
-    fn handle_line(&mut self, client: ClientId, line: Bytes, now: Instant) -> Result<(), TcpError> {
+    fn handle_line(
+        &mut self,
+        client: TcpClientId,
+        line: Bytes,
+        now: Instant,
+    ) -> Result<(), TcpError> {
         let command = match self.decoder.decode(line) {
             Ok(Some(command)) => command,
             Ok(None) => return Ok(()),
@@ -219,7 +224,7 @@ impl ServerSession {
         };
         c.conn.last_received = now;
         if self.config.report_received {
-            self.events.push_back(ServerEvent::Received {
+            self.events.push_back(TcpServerEvent::Received {
                 client,
                 command: command.clone(),
             });
@@ -227,32 +232,33 @@ impl ServerSession {
         match command {
             Command::Name(name) => {
                 c.name = Some(name.clone());
-                self.events.push_back(ServerEvent::Named { client, name });
+                self.events
+                    .push_back(TcpServerEvent::Named { client, name });
             }
             Command::Ping(_) => {}
             Command::Replicate => {
-                self.events.push_back(ServerEvent::Replicated { client });
+                self.events.push_back(TcpServerEvent::Replicated { client });
                 self.answer_replicate(client);
             }
             Command::Error(message) => {
                 self.events
-                    .push_back(ServerEvent::PeerError { client, message });
+                    .push_back(TcpServerEvent::PeerError { client, message });
             }
             command @ (Command::RemoteServerUp(_) | Command::LockReleased(_)) => {
                 if let Ok(line) = encode_line(&command, self.config.max_line_len) {
                     self.broadcast(line, Some(client));
                 }
                 self.events
-                    .push_back(ServerEvent::Command { client, command });
+                    .push_back(TcpServerEvent::Command { client, command });
             }
             command => self
                 .events
-                .push_back(ServerEvent::Command { client, command }),
+                .push_back(TcpServerEvent::Command { client, command }),
         }
         Ok(())
     }
 
-    fn answer_replicate(&mut self, client: ClientId) {
+    fn answer_replicate(&mut self, client: TcpClientId) {
         let own = self.writer.own_name().clone();
         let lines: Vec<Bytes> = self
             .writer
@@ -274,7 +280,7 @@ impl ServerSession {
         }
     }
 
-    fn fail(&mut self, client: ClientId, error: TcpError) {
+    fn fail(&mut self, client: TcpClientId, error: TcpError) {
         let Some(c) = self.clients.get_mut(&client) else {
             return;
         };
@@ -283,10 +289,10 @@ impl ServerSession {
         }
         c.conn.fail(&error.wire_message(), &self.config, self.now);
         self.events
-            .push_back(ServerEvent::Closing { client, error });
+            .push_back(TcpServerEvent::Closing { client, error });
     }
 
-    fn queue_to(&mut self, client: ClientId, line: Bytes) -> Result<(), SendError> {
+    fn queue_to(&mut self, client: TcpClientId, line: Bytes) -> Result<(), SendError> {
         let Some(c) = self.clients.get_mut(&client) else {
             return Err(SendError::UnknownClient(client));
         };
@@ -301,7 +307,7 @@ impl ServerSession {
     }
 
     /// Queues one encoded line for every open client (but `except`).
-    fn broadcast(&mut self, line: Bytes, except: Option<ClientId>) {
+    fn broadcast(&mut self, line: Bytes, except: Option<TcpClientId>) {
         let mut overflowed = Vec::new();
         for (id, c) in self.clients.iter_mut() {
             if Some(*id) == except {
@@ -428,7 +434,7 @@ impl ServerSession {
 
     /// Sends a command to every client: `REMOTE_SERVER_UP`,
     /// `LOCK_RELEASED` (or `ERROR`, `PING`; rows go through
-    /// [`write`](ServerSession::write)). Clients that overflow are closed.
+    /// [`write`](TcpServerSession::write)). Clients that overflow are closed.
     pub fn send(&mut self, command: Command) -> Result<(), SendError> {
         let line = self.server_line_for(&command)?;
         self.broadcast(line, None);
@@ -436,7 +442,7 @@ impl ServerSession {
     }
 
     /// Sends a command to one client.
-    pub fn send_to(&mut self, client: ClientId, command: Command) -> Result<(), SendError> {
+    pub fn send_to(&mut self, client: TcpClientId, command: Command) -> Result<(), SendError> {
         let line = self.server_line_for(&command)?;
         self.queue_to(client, line)
     }
@@ -453,13 +459,13 @@ impl ServerSession {
     }
 
     /// Closes a client's connection: `ERROR <message>` is its last line.
-    pub fn close(&mut self, client: ClientId, message: &str) {
+    pub fn close(&mut self, client: TcpClientId, message: &str) {
         self.fail(client, TcpError::ByApplication(message.to_owned()));
     }
 
     /// The next event, or `None`. Drain after every input.
     #[must_use]
-    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+    pub fn poll_event(&mut self) -> Option<TcpServerEvent> {
         self.events.pop_front()
     }
 
@@ -467,14 +473,14 @@ impl ServerSession {
     /// up to [`TcpSessionConfig::max_transmit_len`]. Take a chunk only when the
     /// client's socket can take it.
     #[must_use]
-    pub fn poll_transmit(&mut self, client: ClientId) -> Option<Bytes> {
+    pub fn poll_transmit(&mut self, client: TcpClientId) -> Option<Bytes> {
         self.clients
             .get_mut(&client)?
             .conn
             .poll_transmit(self.config.max_transmit_len)
     }
 
-    /// When [`handle_timeout`](ServerSession::handle_timeout) must be called
+    /// When [`handle_timeout`](TcpServerSession::handle_timeout) must be called
     /// next (the earliest over every client); never before the last `now`
     /// given.
     #[must_use]
@@ -490,22 +496,22 @@ impl ServerSession {
     }
 
     /// Where a client's connection stands; `None` if the id is unknown.
-    pub fn client_state(&self, client: ClientId) -> Option<ConnectionState> {
+    pub fn client_state(&self, client: TcpClientId) -> Option<ConnectionState> {
         self.clients.get(&client).map(|c| c.conn.public_state())
     }
 
     /// The name a client gave with `NAME`, if any.
-    pub fn client_name(&self, client: ClientId) -> Option<&str> {
+    pub fn client_name(&self, client: TcpClientId) -> Option<&str> {
         self.clients.get(&client)?.name.as_deref()
     }
 
     /// Every client, in the order accepted.
-    pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
+    pub fn clients(&self) -> impl Iterator<Item = TcpClientId> + '_ {
         self.clients.keys().copied()
     }
 
     /// Lines queued for `client` and not yet taken by `poll_transmit`.
-    pub fn queued_commands(&self, client: ClientId) -> usize {
+    pub fn queued_commands(&self, client: TcpClientId) -> usize {
         self.clients.get(&client).map_or(0, |c| c.conn.out.len())
     }
 

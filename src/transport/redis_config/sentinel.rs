@@ -134,7 +134,7 @@ impl RedisConfig {
     ///   named node outside them is refused
     ///   ([`SentinelError::NotAllowed`](crate::session::SentinelError::NotAllowed),
     ///   in the [`DiscoveryError`](crate::session::DiscoveryError) of a
-    ///   [`RedisClientEvent::ConnectFailed`](crate::transport::RedisClientEvent::ConnectFailed))
+    ///   [`RedisEvent::ConnectFailed`](crate::transport::RedisEvent::ConnectFailed))
     ///   and never connected to; a `+switch-master` to one is not acted
     ///   on, and that sentinel is no longer listened to
     ///   ([`SentinelEvent::WatchLost`](crate::transport::SentinelEvent::WatchLost)).
