@@ -20,8 +20,8 @@ use synapse_replication::session::{
     RedisSession, RedisSessionConfig, TcpClientSession, TcpServerSession,
 };
 use synapse_replication::transport::{
-    CommandSendError, CommandSender, RedisClient, RedisClientConfig, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig,
+    CommandSendError, CommandSender, Queued, RedisClient, RedisClientConfig, RedisConfig,
+    SmolRuntime, TcpClient, TcpClientConfig, TcpServer, TcpServerConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
 use synapse_replication::writers::StreamWriters;
@@ -65,7 +65,7 @@ fn fill_and_overflow(sender: &CommandSender, capacity: usize) {
                 unreachable!();
             };
             assert_eq!(*cap, capacity);
-            assert_eq!(error.into_command(), command(99));
+            assert_eq!(error.into_queued(), Queued::Command(command(99)));
         }
         other => panic!("expected Full, got {other:?}"),
     }

@@ -18,14 +18,15 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use synapse_replication::positions::{BoxError, FollowerEvent, STUCK_AFTER_FAILURES, StuckCatchUp};
-use synapse_replication::session::Disconnect;
 
 use bytes::Bytes;
 use common::nodes::{Process, run_for, run_until};
 use common::redis_server::RedisServer;
-use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
-use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
+use synapse_replication::positions::{
+    BoxError, CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, History,
+    STUCK_AFTER_FAILURES, StuckCatchUp, WriteError, Writer,
+};
+use synapse_replication::session::{Disconnect, RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
     BoxFuture, CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, SmolRuntime,
     TokioRuntime, async_trait,
@@ -109,6 +110,7 @@ struct Node {
     /// before the retry.
     catch_up_failures: Vec<(InstanceName, u32, Duration)>,
     stuck: Vec<StuckCatchUp>,
+    write_failures: Vec<WriteError>,
 }
 
 impl Node {
@@ -165,6 +167,7 @@ impl Node {
             commands: Vec::new(),
             catch_up_failures: Vec::new(),
             stuck: Vec::new(),
+            write_failures: Vec::new(),
         }
     }
 
@@ -193,7 +196,7 @@ impl Process for Node {
                 let held = self.rows.entry(stream).or_default();
                 held.extend(rows.into_iter().map(|row| (token, row)));
             }
-            RedisEvent::Closing { error, .. } => self.closing.push(error),
+            RedisEvent::WriteFailed { error } => self.write_failures.push(error),
             RedisEvent::PublishFailed { command, error } => self
                 .publish_failures
                 .push((command.to_string(), error.code.clone())),
@@ -384,6 +387,79 @@ fn follower_receives_everything_in_order_with_batches_intact() {
             );
             assert!(counters.catch_ups_requested <= 1, "{counters:?}");
             assert!(counters.rdata_applied >= 299, "{counters:?}");
+        })
+    });
+}
+
+/// Rows written from another task through the client's sender are
+/// published and kept in the writer's history, in one act: the follower
+/// holds exactly them, and the history answers a catch-up with them. A
+/// write the writer refuses is reported, and neither sent nor kept.
+#[test]
+fn rows_written_through_the_sender_are_published_and_kept_for_catch_up() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let log: Log = Log::default();
+            let (mut master, mut worker) = pair(&runtime, &server, &log).await;
+            let history = Arc::new(Mutex::new(History::new(1000)));
+            master.client = master.client.with_history(history.clone());
+            let rows: Vec<(Token, RawRow)> =
+                (1..=50).map(|n| (Token(n), padded_row(n, 0, 0))).collect();
+            log.lock().expect("log").extend(rows.iter().cloned());
+            let sender = master.client.sender();
+            std::thread::spawn(move || {
+                for (token, row) in rows {
+                    sender
+                        .write(&StreamName::Events, token, [(token, row)])
+                        .expect("queued");
+                }
+                // Not above the last token written: refused when taken.
+                sender
+                    .write(
+                        &StreamName::Events,
+                        Token(3),
+                        [(Token(3), padded_row(3, 9, 0))],
+                    )
+                    .expect("queued");
+            })
+            .join()
+            .expect("the writing thread");
+            run_until(
+                &runtime,
+                &mut [&mut master, &mut worker],
+                "the rows, and the refusal",
+                PATIENCE,
+                |nodes| caught_up(nodes[1], &log) && !nodes[0].write_failures.is_empty(),
+            )
+            .await;
+            assert_holds_log(&worker, &log);
+            assert!(
+                matches!(
+                    master.write_failures[..],
+                    [WriteError::TokenNotAbove {
+                        token: Token(3),
+                        last: Token(50),
+                        ..
+                    }]
+                ),
+                "{:?}",
+                master.write_failures
+            );
+            let request = CatchUpRequest {
+                id: CatchUpId::new(1),
+                stream: StreamName::Events,
+                writer: InstanceName::master(),
+                from: Token(0),
+                to: Token(60),
+            };
+            let page = history
+                .lock()
+                .expect("history")
+                .answer(&request, 1000)
+                .expect("an answer");
+            assert_eq!(page.updates, *log.lock().expect("log"));
+            assert_eq!(page.upto, Token(50), "no more than was written");
         })
     });
 }

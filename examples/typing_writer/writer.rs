@@ -21,15 +21,14 @@ use std::time::{Duration, Instant};
 use synapse_replication::positions::{BoxError, FollowerEvent};
 use synapse_replication::session::RedisEvent;
 
-use futures::channel::mpsc;
-use futures::{AsyncReadExt, AsyncWriteExt, FutureExt, StreamExt};
+use futures::{AsyncReadExt, AsyncWriteExt, FutureExt};
 use serde_json::{Value, json};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
-    CatchUpSource, HttpRequest, HttpResponse, HttpServer, HttpServerCounters, RedisClient,
-    SmolRuntime, SynapseConfig, async_trait,
+    CatchUpSource, CommandSender, HttpRequest, HttpResponse, HttpServer, HttpServerCounters,
+    RedisClient, SmolRuntime, SynapseConfig, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 
@@ -100,8 +99,9 @@ pub struct TypingWriter {
     instance: InstanceName,
     homeserver: String,
     typing: Mutex<Typing>,
-    history: Arc<Mutex<History>>,
-    rows: mpsc::UnboundedSender<(Token, RawRow)>,
+    /// Writes through the Redis client's task: each row is published and
+    /// kept in the history the catch-up server answers from.
+    rows: CommandSender,
     auth: Mutex<HashMap<String, (Instant, Option<String>)>>,
     members: Mutex<HashMap<(String, String), (Instant, bool)>>,
     /// This homeserver's name, to check that it is in a room.
@@ -205,13 +205,19 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         History::new(HISTORY_ROWS).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 }),
     ));
     let served = Arc::new(Mutex::new(Vec::new()));
-    let (rows_in, rows_out) = mpsc::unbounded();
+    let mut client = RedisClient::follow(SmolRuntime, &options.synapse, instance.clone())
+        .map_err(io::Error::other)?
+        .with_history(history.clone());
+    // Typing starts at 0 with each start, as Synapse's writer does; the
+    // Writer announces it on every (re)connection and REPLICATE.
+    client
+        .advance(&StreamName::Typing, Token(0))
+        .map_err(io::Error::other)?;
     let writer = Arc::new(TypingWriter {
         instance: instance.clone(),
         homeserver: options.homeserver.trim_end_matches('/').to_owned(),
         typing: Mutex::new(Typing::default()),
-        history: history.clone(),
-        rows: rows_in,
+        rows: client.sender(),
         auth: Mutex::new(HashMap::new()),
         members: Mutex::new(HashMap::new()),
         server_name: options.synapse.server_name().to_owned(),
@@ -247,14 +253,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     let counters = server.counters();
     smol::spawn(server.run()).detach();
 
-    let mut client = RedisClient::follow(SmolRuntime, &options.synapse, instance.clone())
-        .map_err(io::Error::other)?;
-    // Typing starts at 0 with each start, as Synapse's writer does; the
-    // Writer announces it on every (re)connection and REPLICATE.
-    client
-        .advance(&StreamName::Typing, Token(0))
-        .map_err(io::Error::other)?;
-    smol::spawn(redis_task(client, rows_out, writer.clone())).detach();
+    smol::spawn(redis_task(client, writer.clone())).detach();
     smol::spawn(timeout_task(writer.clone())).detach();
     Ok(Running {
         writer,
@@ -263,39 +262,32 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     })
 }
 
-/// Publishes rows as they are made, and follows the deployment (to clear
-/// typing of users who leave a room).
-async fn redis_task(
-    mut client: RedisClient<SmolRuntime>,
-    mut rows: mpsc::UnboundedReceiver<(Token, RawRow)>,
-    writer: Arc<TypingWriter>,
-) {
-    loop {
-        futures::select! {
-            row = rows.next() => {
-                let Some((token, row)) = row else { return };
-                if let Err(error) = client.write(&StreamName::Typing, token, [(token, row)]) {
-                    eprintln!("typing writer: cannot write typing {token}: {error}");
-                }
-            }
-            event = client.next_event().fuse() => match event {
-                None => return,
-                Some(RedisEvent::Follower(FollowerEvent::Rows { stream: StreamName::Events, rows, .. })) => {
-                    for row in &rows {
-                        let Some((room, user, membership)) = membership(row) else {
-                            continue;
-                        };
-                        writer.forget_hosts(&room);
-                        if membership != "join" {
-                            writer.stopped(&room, &user);
-                        }
+/// Publishes what the other tasks write, and follows the deployment (to
+/// clear typing of users who leave a room).
+async fn redis_task(mut client: RedisClient<SmolRuntime>, writer: Arc<TypingWriter>) {
+    while let Some(event) = client.next_event().await {
+        match event {
+            RedisEvent::Follower(FollowerEvent::Rows {
+                stream: StreamName::Events,
+                rows,
+                ..
+            }) => {
+                for row in &rows {
+                    let Some((room, user, membership)) = membership(row) else {
+                        continue;
+                    };
+                    writer.forget_hosts(&room);
+                    if membership != "join" {
+                        writer.stopped(&room, &user);
                     }
                 }
-                Some(event @ (RedisEvent::Ready | RedisEvent::Disconnected { .. })) => {
-                    eprintln!("typing writer: redis {event}");
-                }
-                Some(_) => {}
-            },
+            }
+            event @ (RedisEvent::Ready
+            | RedisEvent::Disconnected { .. }
+            | RedisEvent::WriteFailed { .. }) => {
+                eprintln!("typing writer: redis {event}");
+            }
+            _ => {}
         }
     }
 }
@@ -383,7 +375,8 @@ impl TypingWriter {
     }
 
     /// `_push_update_local`: the next token, the room's whole state as its
-    /// row, recorded and published in token order (under the lock).
+    /// row, written (published and kept for catch-up) in token order
+    /// (under the lock).
     fn push(&self, typing: &mut Typing, room: &str) {
         typing.serial += 1;
         let token = Token(typing.serial);
@@ -391,12 +384,12 @@ impl TypingWriter {
         let Ok(row) = RawRow::from_value(&json!([room, users])) else {
             return;
         };
-        if let Err(error) =
-            lock(&self.history).record(&StreamName::Typing, &self.instance, [(token, row.clone())])
-        {
-            eprintln!("typing writer: history: {error}");
+        if let Err(error) = self.rows.write(&StreamName::Typing, token, [(token, row)]) {
+            // The Redis task is not keeping up: the token is not used, and
+            // the room's next change carries its whole state.
+            typing.serial -= 1;
+            eprintln!("typing writer: typing {token} not written: {error}");
         }
-        let _ = self.rows.unbounded_send((token, row));
     }
 
     /// Any request but a catch-up, answered and logged (an access log: a

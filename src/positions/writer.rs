@@ -3,11 +3,13 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::wire::{Command, InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token};
 use crate::writers::WriterRegistry;
+
+use super::history::{History, HistoryError};
 
 /// A write the [`Writer`] refuses. Nothing was sent and no position changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +55,10 @@ pub enum WriteError {
         /// The token it must reach.
         token: Token,
     },
+    /// The writer's [`History`] refused the rows (rows it holds of this
+    /// writer are above them: the history was written to by hand).
+    #[error(transparent)]
+    History(#[from] HistoryError),
 }
 
 /// Spacing of an action repeated too often: the first goes at once; one
@@ -179,6 +185,8 @@ pub struct Writer {
     replicate: Limiter,
     answer: Limiter,
     counters: WriterCounters,
+    /// Where what is written is kept for catch-ups, if anywhere.
+    history: Option<Arc<Mutex<History>>>,
 }
 
 impl fmt::Debug for Writer {
@@ -189,6 +197,7 @@ impl fmt::Debug for Writer {
             .field("streams", &self.streams)
             .field("queued", &self.out.len())
             .field("counters", &self.counters)
+            .field("history", &self.history.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -284,7 +293,42 @@ impl Writer {
             replicate: Limiter::new(config.replicate),
             answer: Limiter::new(config.answer),
             counters: WriterCounters::default(),
+            history: None,
         }
+    }
+
+    /// Keeps what this writer writes in `history` too, so that writing a
+    /// row is also keeping it where catch-ups are answered from: every
+    /// row given to [`Writer::write`] is recorded, and every position
+    /// [`Writer::write`] or [`Writer::advance`] reaches is told, before
+    /// anything is sent. A stream first advanced to a token above 0 begins
+    /// there ([`History::begin`]: nothing below it is known), unless the
+    /// history already holds this writer's rows of it.
+    ///
+    /// Serve the same `Arc` to followers: it is a
+    /// [`CatchUpSource`](crate::transport::CatchUpSource) (for a Rust
+    /// follower's client, and `HttpServer` for Synapse's processes).
+    /// Write to it only through this writer.
+    #[must_use]
+    pub fn with_history(mut self, history: Arc<Mutex<History>>) -> Writer {
+        self.set_history(history);
+        self
+    }
+
+    /// [`Writer::with_history`], for a writer a session holds.
+    pub(crate) fn set_history(&mut self, history: Arc<Mutex<History>>) {
+        self.history = Some(history);
+    }
+
+    /// The history given to [`Writer::with_history`], if any.
+    pub fn history(&self) -> Option<&Arc<Mutex<History>>> {
+        self.history.as_ref()
+    }
+
+    fn lock_history(&self) -> Option<MutexGuard<'_, History>> {
+        self.history
+            .as_ref()
+            .map(|history| history.lock().unwrap_or_else(|poison| poison.into_inner()))
     }
 
     fn check(&self, stream: &StreamName) -> Result<Option<Token>, WriteError> {
@@ -369,6 +413,10 @@ impl Writer {
                 token: last_row,
             });
         }
+        if let Some(mut history) = self.lock_history() {
+            history.record(stream, &self.own, updates.iter().cloned())?;
+            history.advance(stream, &self.own, current);
+        }
         self.set(stream, current);
         if !self.connected {
             self.counters.rows_unsent += updates.len() as u64;
@@ -412,6 +460,13 @@ impl Writer {
             }
             if current == last {
                 return Ok(());
+            }
+        }
+        if let Some(mut history) = self.lock_history() {
+            if last.is_none() && current > Token(0) && history.last(stream, &self.own).is_none() {
+                history.begin(stream, &self.own, current);
+            } else {
+                history.advance(stream, &self.own, current);
             }
         }
         self.set(stream, current);
@@ -601,6 +656,48 @@ mod tests {
         assert!(l.request(t0 + s(16)));
         assert_eq!(l.interval, s(1));
         assert_eq!(l.deadline(), None);
+    }
+
+    /// Writing keeps what was written, and a history asked beyond the
+    /// writer's position confirms no more than it reached.
+    #[test]
+    fn a_writer_with_a_history_keeps_what_it_writes() {
+        use crate::positions::{CatchUpId, CatchUpRequest};
+        let registry = std::sync::Arc::new(crate::writers::StreamWriters::default());
+        let history = Arc::new(Mutex::new(History::new(10)));
+        let mut writer =
+            Writer::new(InstanceName::master(), registry).with_history(history.clone());
+        let row = |text: &str| RawRow::new(format!("[\"{text}\"]").into_bytes()).unwrap();
+        writer.advance(&StreamName::Caches, Token(3)).unwrap();
+        writer
+            .write(
+                &StreamName::Caches,
+                Token(6),
+                [(Token(4), row("a")), (Token(5), row("b"))],
+            )
+            .unwrap();
+        writer.advance(&StreamName::Typing, Token(0)).unwrap();
+        let ask = |from, to| CatchUpRequest {
+            id: CatchUpId::new(1),
+            stream: StreamName::Caches,
+            writer: InstanceName::master(),
+            from: Token(from),
+            to: Token(to),
+        };
+        let history = history.lock().unwrap();
+        let page = history.answer(&ask(3, 9), 100).unwrap();
+        assert_eq!(page.updates, [(Token(4), row("a")), (Token(5), row("b"))]);
+        assert_eq!(
+            page.upto,
+            Token(6),
+            "confirmed up to the writer's position only"
+        );
+        // Below where the stream began nothing is known.
+        assert!(history.answer(&ask(1, 4), 100).is_err());
+        assert_eq!(
+            history.last(&StreamName::Typing, &InstanceName::master()),
+            Some(Token(0))
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Commands handed to a driver from other tasks: [`CommandSender`], and
-//! the bounded queue behind it.
+//! Commands and writes handed to a driver from other tasks:
+//! [`CommandSender`], and the bounded queue behind it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -8,34 +8,52 @@ use std::task::{Context, Poll};
 use futures::channel::mpsc;
 use futures::stream::StreamExt;
 
-use crate::wire::Command;
+use crate::wire::{Command, RawRow, StreamName, Token};
 
-/// Why a [`CommandSender`] did not queue a command. Each gives the command
-/// back ([`CommandSendError::into_command`]).
+/// What a [`CommandSender`] queues for its client: a command to send, or
+/// rows to write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Queued {
+    /// A command ([`CommandSender::send`]).
+    Command(Command),
+    /// Rows of a stream this process writes ([`CommandSender::write`]).
+    Write {
+        /// The stream.
+        stream: StreamName,
+        /// Its token once they are written.
+        current: Token,
+        /// The rows, sorted by token.
+        updates: Vec<(Token, RawRow)>,
+    },
+}
+
+/// Why a [`CommandSender`] did not queue a command or a write. Each gives
+/// it back ([`CommandSendError::into_queued`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommandSendError {
-    /// The queue holds its capacity of commands: the client's task has not
-    /// taken them yet (it is busy, or `next_event` is not being awaited).
-    /// Retry later, or drop the command; counted in the client's
+    /// The queue holds its capacity: the client's task has not taken what
+    /// it holds yet (it is busy, or `next_event` is not being awaited).
+    /// Retry later, or drop it; counted in the client's
     /// `refused_commands`.
     #[error("command queue full ({capacity} commands): the client is not taking them")]
     Full {
-        /// The command.
-        command: Box<Command>,
+        /// What was refused.
+        refused: Box<Queued>,
         /// The queue's capacity.
         capacity: usize,
     },
-    /// The client was closed or dropped: no command will be sent any more.
+    /// The client was closed or dropped: nothing will be sent any more.
     #[error("the client is closed")]
-    Closed(Box<Command>),
+    Closed(Box<Queued>),
 }
 
 impl CommandSendError {
-    /// The command that was not queued.
-    pub fn into_command(self) -> Command {
+    /// What was not queued.
+    pub fn into_queued(self) -> Queued {
         match self {
-            CommandSendError::Full { command, .. } | CommandSendError::Closed(command) => *command,
+            CommandSendError::Full { refused, .. } | CommandSendError::Closed(refused) => *refused,
         }
     }
 }
@@ -50,16 +68,19 @@ struct QueueCount {
     shutdown: AtomicBool,
 }
 
-/// Sends commands to a [`TcpClient`](super::TcpClient) or a [`RedisClient`](super::RedisClient)
-/// from other tasks; they are sent during the client's next `next_event`.
+/// Sends commands to a [`TcpClient`](super::TcpClient) or a
+/// [`RedisClient`](super::RedisClient) from other tasks, and writes rows
+/// through a `RedisClient`; they are sent during the client's next
+/// `next_event`, in the order queued.
 ///
 /// The queue is bounded (the clients' `command_queue` option,
 /// [`CommandSender::DEFAULT_CAPACITY`] by default): when it is full,
-/// [`send`](CommandSender::send) returns [`CommandSendError::Full`] with
-/// the command at once, and the client counts it (`refused_commands`).
+/// [`send`](CommandSender::send) and [`write`](CommandSender::write)
+/// return [`CommandSendError::Full`] with what was refused at once, and
+/// the client counts it (`refused_commands`).
 #[derive(Clone, Debug)]
 pub struct CommandSender {
-    sender: mpsc::UnboundedSender<Command>,
+    sender: mpsc::UnboundedSender<Queued>,
     count: Arc<QueueCount>,
 }
 
@@ -71,13 +92,36 @@ impl CommandSender {
     /// the queue holds its capacity, [`CommandSendError::Closed`] once the
     /// client is closed or dropped. Never waits.
     pub fn send(&self, command: Command) -> Result<(), CommandSendError> {
+        self.queue(Queued::Command(command))
+    }
+
+    /// Queues rows of `stream` up to its `current` token, for the client to
+    /// write as its own `write` does (published, and kept in the writer's
+    /// history if it has one), or gives them back as
+    /// [`send`](CommandSender::send) does. A write the writer refuses when
+    /// the client takes it (tokens out of order, a stream this process may
+    /// not write) is reported as the client's `WriteFailed` event.
+    pub fn write(
+        &self,
+        stream: &StreamName,
+        current: Token,
+        updates: impl IntoIterator<Item = (Token, RawRow)>,
+    ) -> Result<(), CommandSendError> {
+        self.queue(Queued::Write {
+            stream: stream.clone(),
+            current,
+            updates: updates.into_iter().collect(),
+        })
+    }
+
+    fn queue(&self, queued: Queued) -> Result<(), CommandSendError> {
         let count = &self.count;
         let mut len = count.len.load(Ordering::Acquire);
         loop {
             if len >= count.capacity {
                 count.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(CommandSendError::Full {
-                    command: Box::new(command),
+                    refused: Box::new(queued),
                     capacity: count.capacity,
                 });
             }
@@ -89,7 +133,7 @@ impl CommandSender {
                 Err(now) => len = now,
             }
         }
-        self.sender.unbounded_send(command).map_err(|error| {
+        self.sender.unbounded_send(queued).map_err(|error| {
             count.len.fetch_sub(1, Ordering::AcqRel);
             CommandSendError::Closed(Box::new(error.into_inner()))
         })
@@ -113,7 +157,7 @@ impl CommandSender {
 
 /// The client's end of the command queue.
 pub(super) struct CommandQueue {
-    receiver: mpsc::UnboundedReceiver<Command>,
+    receiver: mpsc::UnboundedReceiver<Queued>,
     count: Arc<QueueCount>,
 }
 
@@ -134,8 +178,8 @@ impl CommandQueue {
         (queue, CommandSender { sender, count })
     }
 
-    /// The next command queued, if any.
-    pub(super) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Command>> {
+    /// The next command or write queued, if any.
+    pub(super) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Queued>> {
         let next = self.receiver.poll_next_unpin(cx);
         if let Poll::Ready(Some(_)) = &next {
             self.count.len.fetch_sub(1, Ordering::AcqRel);

@@ -117,7 +117,7 @@ pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 pub use smol::SmolRuntime;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
-pub use command_queue::{CommandSendError, CommandSender};
+pub use command_queue::{CommandSendError, CommandSender, Queued};
 pub use tcp_client::{TcpClient, TcpClientConfig};
 pub use tcp_server::{TcpServer, TcpServerConfig};
 #[cfg(feature = "runtime-tokio")]

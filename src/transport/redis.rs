@@ -4,13 +4,13 @@
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::positions::{
-    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, SeedError, StuckCatchUp,
-    WriteError, Writer,
+    CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, History, SeedError,
+    StuckCatchUp, WriteError, Writer,
 };
 use crate::session::{
     Disconnect, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
@@ -20,7 +20,7 @@ use crate::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
 
 use super::catch_ups::CatchUps;
-use super::command_queue::{CommandQueue, CommandSender};
+use super::command_queue::{CommandQueue, CommandSender, Queued};
 use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelWatcher};
@@ -294,6 +294,39 @@ impl<R: Runtime> RedisClient<R> {
         self
     }
 
+    /// Keeps every row this client writes in `history` too (see
+    /// [`Writer::with_history`]), so that writing a row is also keeping it
+    /// for catch-ups: serve the same `Arc` (a [`CatchUpSource`]) to
+    /// Synapse's processes with `HttpServer` (feature `http-server`), or to
+    /// a Rust follower's client.
+    ///
+    /// ```
+    /// # #[cfg(feature = "runtime-smol")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::{Arc, Mutex};
+    /// use synapse_replication::positions::{History, HistoryMode};
+    /// use synapse_replication::transport::{RedisClient, SmolRuntime, SynapseConfig};
+    /// use synapse_replication::wire::StreamName;
+    ///
+    /// let synapse = SynapseConfig::from_json(
+    ///     r#"{"server_name": "example.com", "redis": {"enabled": true},
+    ///         "stream_writers": {"typing": ["typing1"]}}"#,
+    /// )?;
+    /// let history = History::new(10_000).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 });
+    /// let history = Arc::new(Mutex::new(history));
+    /// let client = RedisClient::follow(SmolRuntime, &synapse, "typing1")?.with_history(history.clone());
+    /// assert!(client.writer().history().is_some());
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "runtime-smol"))]
+    /// # fn main() {}
+    /// ```
+    #[must_use]
+    pub fn with_history(mut self, history: Arc<Mutex<History>>) -> RedisClient<R> {
+        self.session.writer_mut().set_history(history);
+        self
+    }
+
     /// Sets where following `writer` on `stream` resumes (a position the
     /// application persisted; see [`Follower::set_position`]).
     pub fn set_position(
@@ -318,9 +351,11 @@ impl<R: Runtime> RedisClient<R> {
     }
 
     /// Writes rows of `stream` up to its `current` token (see
-    /// [`Writer::write`]): published as `RDATA` and `POSITION` on the next
-    /// [`next_event`](RedisClient::next_event) when ready, announced on the
-    /// next connection otherwise.
+    /// [`Writer::write`]): kept in the writer's history if it has one
+    /// ([`RedisClient::with_history`]), and published as `RDATA` and
+    /// `POSITION` on the next [`next_event`](RedisClient::next_event) when
+    /// ready, announced on the next connection otherwise. Other tasks write
+    /// through [`RedisClient::sender`] ([`CommandSender::write`]).
     pub fn write(
         &mut self,
         stream: &StreamName,
@@ -360,8 +395,8 @@ impl<R: Runtime> RedisClient<R> {
         self.session
     }
 
-    /// A handle to send commands from other tasks, through a queue of
-    /// [`RedisClientConfig::command_queue`] commands.
+    /// A handle to send commands and write rows from other tasks, through
+    /// a queue of [`RedisClientConfig::command_queue`] entries.
     pub fn sender(&self) -> CommandSender {
         self.sender.clone()
     }
@@ -519,14 +554,27 @@ impl<R: Runtime> RedisClient<R> {
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(command)) = self.commands.poll_next(cx) {
+        while let Poll::Ready(Some(queued)) = self.commands.poll_next(cx) {
             progress = true;
-            let kind = command.kind();
-            if let Err(error) = self.session.send(command) {
-                self.session.push_event(RedisEvent::SendFailed {
-                    command: kind,
-                    error,
-                });
+            match queued {
+                Queued::Command(command) => {
+                    let kind = command.kind();
+                    if let Err(error) = self.session.send(command) {
+                        self.session.push_event(RedisEvent::SendFailed {
+                            command: kind,
+                            error,
+                        });
+                    }
+                }
+                Queued::Write {
+                    stream,
+                    current,
+                    updates,
+                } => {
+                    if let Err(error) = self.session.write(&stream, current, updates) {
+                        self.session.push_event(RedisEvent::WriteFailed { error });
+                    }
+                }
             }
         }
         progress

@@ -15,10 +15,10 @@ use crate::positions::{
 use crate::session::{
     ConnectionState, Disconnect, SendError, TcpClientEvent, TcpClientSession, TcpError,
 };
-use crate::wire::{Command, InstanceName, StreamName, Token};
+use crate::wire::{Command, CommandKind, InstanceName, Side, StreamName, Token};
 
 use super::catch_ups::CatchUps;
-use super::command_queue::{CommandQueue, CommandSender};
+use super::command_queue::{CommandQueue, CommandSender, Queued};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::socket::{BUDGET, Link, Timer};
 use super::{Backoff, CatchUpSource};
@@ -315,14 +315,22 @@ impl<R: Runtime> TcpClient<R> {
 
     fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(command)) = self.commands.poll_next(cx) {
+        while let Poll::Ready(Some(queued)) = self.commands.poll_next(cx) {
             progress = true;
-            let kind = command.kind();
-            if let Err(error) = self.session.send(command) {
-                self.events.push_back(TcpClientEvent::SendFailed {
-                    command: kind,
-                    error,
-                });
+            let (command, result) = match queued {
+                Queued::Command(command) => (command.kind(), self.session.send(command)),
+                // A client of direct TCP follows; only its server writes.
+                Queued::Write { .. } => (
+                    CommandKind::Rdata,
+                    Err(SendError::WrongDirection {
+                        command: CommandKind::Rdata,
+                        sender: Side::Client,
+                    }),
+                ),
+            };
+            if let Err(error) = result {
+                self.events
+                    .push_back(TcpClientEvent::SendFailed { command, error });
             }
         }
         progress

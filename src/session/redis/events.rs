@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::positions::{BoxError, CatchUpRequest, FollowerEvent, StuckCatchUp};
+use crate::positions::{BoxError, CatchUpRequest, FollowerEvent, StuckCatchUp, WriteError};
 use crate::wire::{Command, CommandKind, DecodeError};
 
 use super::super::error::{Disconnect, SendError};
@@ -157,6 +157,13 @@ pub enum RedisEvent {
         /// Why.
         error: SendError,
     },
+    /// Rows given to a [`CommandSender`](crate::transport::CommandSender)'s
+    /// `write` were refused by the writer (see [`WriteError`]); nothing
+    /// of them was sent or kept.
+    WriteFailed {
+        /// What was refused.
+        error: WriteError,
+    },
 }
 
 impl fmt::Display for RedisEvent {
@@ -212,6 +219,7 @@ impl fmt::Display for RedisEvent {
             RedisEvent::SendFailed { command, error } => {
                 write!(f, "sending {command} failed: {error}")
             }
+            RedisEvent::WriteFailed { error } => write!(f, "writing failed: {error}"),
         }
     }
 }

@@ -1008,6 +1008,12 @@ impl RedisSession {
         &self.writer
     }
 
+    /// The writer, for the driver to configure (what it writes goes
+    /// through [`RedisSession::write`], so that it is sent).
+    pub(crate) fn writer_mut(&mut self) -> &mut Writer {
+        &mut self.writer
+    }
+
     /// Ends the session, giving back its follower and writer (to carry
     /// their positions into a new session). Links still up count as lost.
     pub fn into_parts(mut self) -> (Follower, Writer) {
