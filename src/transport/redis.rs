@@ -310,7 +310,9 @@ impl<R: Runtime> RedisClient<R> {
     ///
     /// let synapse = SynapseConfig::from_json(
     ///     r#"{"server_name": "example.com", "redis": {"enabled": true},
-    ///         "stream_writers": {"typing": ["typing1"]}}"#,
+    ///         "stream_writers": {"typing": ["typing1"]},
+    ///         "instance_map": {"main": {"host": "10.0.0.1", "port": 9093},
+    ///                          "typing1": {"host": "10.0.0.5", "port": 9100}}}"#,
     /// )?;
     /// let history = History::new(10_000).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 });
     /// let history = Arc::new(Mutex::new(history));
