@@ -13,8 +13,8 @@ use crate::wire::{Command, CommandKind, InstanceName, StreamName, Token};
 
 use super::BoxError;
 use super::catch_ups::StuckCatchUp;
+use super::net::socket::Disconnect;
 use super::sentinel::SentinelEvent;
-use super::socket::Disconnect;
 
 /// Brings a [`FollowerEvent`](crate::positions::FollowerEvent)'s common
 /// variants up into a client event enum with the same variants (`Rows`,

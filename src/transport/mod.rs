@@ -67,28 +67,17 @@
 
 mod catch_ups;
 mod command_queue;
-mod dial;
 mod events;
-#[cfg(feature = "http-catch-up")]
-mod http_catch_up;
-#[cfg(feature = "http-server")]
-mod http_serve;
 #[cfg(any(feature = "http-catch-up", feature = "http-server"))]
-mod hyper_io;
-#[cfg(feature = "tls")]
-mod pem;
+mod http;
+mod net;
 mod redis;
 mod redis_config;
 mod runtime;
 mod sentinel;
-#[cfg(feature = "runtime-smol")]
-mod smol;
-mod socket;
 mod synapse_config;
 mod tcp_client;
 mod tcp_server;
-#[cfg(feature = "runtime-tokio")]
-mod tokio;
 
 use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,36 +88,36 @@ pub use async_trait::async_trait;
 use crate::positions::{CatchUpPage, CatchUpRequest};
 
 pub use catch_ups::{STUCK_AFTER_FAILURES, StuckCatchUp};
-pub use dial::TlsConfig;
 pub use events::{RedisClientEvent, TcpClientEvent};
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
-pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
+pub use http::catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg(feature = "http-server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
-pub use http_serve::{
+pub use http::server::{
     HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters, HttpServerTls,
     HttpServerTlsError,
 };
+pub use net::dial::TlsConfig;
 pub use redis::{RedisClient, RedisClientConfig};
 pub use redis_config::{
     DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
     SynapseRedisConfig,
 };
-pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
-pub use sentinel::SentinelEvent;
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
-pub use smol::SmolRuntime;
+pub use runtime::smol::SmolRuntime;
+pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
+pub use sentinel::SentinelEvent;
 pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
 pub use command_queue::{CommandSendError, CommandSender};
-pub use socket::Disconnect;
-pub use tcp_client::{TcpClient, TcpClientConfig};
-pub use tcp_server::{TcpServer, TcpServerConfig, TcpServerEvent};
+pub use net::socket::Disconnect;
 #[cfg(feature = "runtime-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]
-pub use tokio::TokioRuntime;
+pub use runtime::tokio::TokioRuntime;
+pub use tcp_client::{TcpClient, TcpClientConfig};
+pub use tcp_server::{TcpServer, TcpServerConfig, TcpServerEvent};
 
 /// Any error, boxed.
 pub type BoxError = Box<dyn Error + Send + Sync + 'static>;

@@ -20,7 +20,7 @@ use crate::session::sentinel::{
 };
 
 use super::Backoff;
-use super::dial;
+use super::net::dial;
 use super::redis_config::{RedisConfig, RedisEndpoint};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 

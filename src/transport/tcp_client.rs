@@ -16,8 +16,8 @@ use crate::wire::{Command, InstanceName, StreamName, Token};
 use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::command_queue::{CommandQueue, CommandSender};
 use super::events::TcpClientEvent;
+use super::net::socket::{BUDGET, Disconnect, Link, Timer};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::socket::{BUDGET, Disconnect, Link, Timer};
 use super::{Backoff, CatchUpSource};
 
 /// Options of a [`TcpClient`].

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::session::{ClientId, ConnectionState, ServerEvent, ServerSession};
 
+use super::net::socket::{BUDGET, Disconnect, Link, Timer};
 use super::runtime::{BoxFuture, Listener, Runtime};
-use super::socket::{BUDGET, Disconnect, Link, Timer};
 
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]

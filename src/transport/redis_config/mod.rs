@@ -20,7 +20,7 @@ pub(super) use error::snippet;
 pub use sentinel::{DEFAULT_SENTINEL_PORT, SentinelConfig};
 pub use synapse::SynapseRedisConfig;
 
-use super::dial::{self, TlsClient, TlsConfig};
+use super::net::dial::{self, TlsClient, TlsConfig};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use crate::session::RedisAuth;
 

@@ -9,7 +9,7 @@ use crate::session::{AllowedMasters, RedisAuth};
 use super::endpoint::RedisEndpoint;
 use super::url::{credentials, parse_authority_with, parse_database, percent_decode};
 use super::{RedisConfig, RedisConfigError, TlsConfig, snippet};
-use crate::transport::dial::TlsClient;
+use crate::transport::net::dial::TlsClient;
 
 /// A sentinel's port when none is given.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;

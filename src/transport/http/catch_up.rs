@@ -30,12 +30,12 @@ use crate::positions::{CatchUpPage, CatchUpPageError, CatchUpRequest};
 use crate::wire::{InstanceName, StreamName, snippet};
 use crate::writers::{InstanceLocation, StreamWriters};
 
-use super::dial::{self, TlsClient, TlsConfig};
 use super::hyper_io::HyperIo;
-use super::redis_config::RedisEndpoint;
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::synapse_config::SynapseConfig;
-use super::{BoxError, CatchUpSource};
+use crate::transport::net::dial::{self, TlsClient, TlsConfig};
+use crate::transport::redis_config::RedisEndpoint;
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::synapse_config::SynapseConfig;
+use crate::transport::{BoxError, CatchUpSource};
 
 /// How long one page may take, connecting included, by default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

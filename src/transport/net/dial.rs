@@ -10,11 +10,11 @@ use std::time::Duration;
 #[cfg(feature = "tls")]
 use futures_rustls::rustls::{self, ClientConfig};
 
-use super::redis_config::endpoint::RedisEndpoint;
-use super::redis_config::error::RedisConfigError;
+use crate::transport::redis_config::endpoint::RedisEndpoint;
+use crate::transport::redis_config::error::RedisConfigError;
 #[cfg(feature = "tls")]
-use super::redis_config::error::snippet;
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::redis_config::error::snippet;
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// TLS to Redis (needs the crate's `tls` feature; rustls underneath).
 ///
@@ -216,8 +216,8 @@ mod tls {
     use futures_rustls::rustls::{ClientConfig, RootCertStore};
 
     use super::super::pem::{PemFileError, certificates, private_key};
-    use super::super::redis_config::error::RedisConfigError;
     use super::TlsConfig;
+    use crate::transport::redis_config::error::RedisConfigError;
 
     /// rustls with the ring provider, its safe default protocol versions,
     /// the configured roots and client certificate.
