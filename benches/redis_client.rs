@@ -24,14 +24,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{Frame, RespDecoder};
 use synapse_replication::session::RedisSession;
 use synapse_replication::transport::{
-    RedisClient, RedisClientEvent, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
+    RedisClient, RedisClientEvent, Runtime, SmolRuntime, TokioRuntime,
 };
 use synapse_replication::wire::{Command, InstanceName};
-use synapse_replication::writers::StreamWriters;
 
 /// The traffic `benches/e2e.sh` publishes (`tools/flood.rs`).
 #[path = "tools/mix.rs"]

@@ -15,8 +15,9 @@
 
 use std::error::Error;
 
+use synapse_replication::config::SynapseConfig;
 use synapse_replication::streams::Row;
-use synapse_replication::transport::{RedisClient, RedisClientEvent, SynapseConfig, TokioRuntime};
+use synapse_replication::transport::{RedisClient, RedisClientEvent, TokioRuntime};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {

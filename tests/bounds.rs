@@ -14,16 +14,16 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
     ClientSession, RedisSession, RedisSessionConfig, ServerSession,
 };
 use synapse_replication::transport::{
-    CommandSendError, CommandSender, RedisClient, RedisClientConfig, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig, TcpServerEvent,
+    CommandSendError, CommandSender, RedisClient, RedisClientConfig, SmolRuntime, TcpClient,
+    TcpClientConfig, TcpServer, TcpServerConfig, TcpServerEvent,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const PATIENCE: Duration = Duration::from_secs(15);
 

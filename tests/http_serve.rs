@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
+use synapse_replication::config::InstanceLocation;
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
@@ -31,7 +32,6 @@ use synapse_replication::transport::{
     HttpServerConfig, SmolRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::InstanceLocation;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;

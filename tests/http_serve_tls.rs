@@ -23,15 +23,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::redis_server::{TempDir, TestCerts};
+use synapse_replication::config::{InstanceLocation, TlsConfig};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     BoxError, CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpServer, HttpServerConfig,
-    HttpServerTls, HttpServerTlsError, SmolRuntime, TlsConfig,
+    HttpServerTls, HttpServerTlsError, SmolRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::InstanceLocation;
 
 const SECRET: &str = "s3cret";
 const INSTANCE: &str = "rust1";

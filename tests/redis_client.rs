@@ -22,15 +22,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::nodes::{Process, run_for, run_until};
 use common::redis_server::RedisServer;
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
     BoxError, BoxFuture, CatchUpSource, Disconnect, RedisClient, RedisClientConfig,
-    RedisClientEvent, RedisConfig, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp,
-    TokioRuntime, async_trait,
+    RedisClientEvent, Runtime, STUCK_AFTER_FAILURES, SmolRuntime, StuckCatchUp, TokioRuntime,
+    async_trait,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "test.example";
 /// Stops a test that would hang; never reached when things work.
@@ -1216,7 +1216,7 @@ fn over_tls_and_over_a_unix_socket() {
     on_both_runtimes(|runtime| {
         Box::pin(async move {
             let server = RedisServer::options().tls().start();
-            let mut tls = synapse_replication::transport::TlsConfig::default();
+            let mut tls = synapse_replication::config::TlsConfig::default();
             tls.ca_file = Some(server.certs().ca.clone());
             let url = format!("rediss://127.0.0.1:{}", server.tls_port());
             let over_tls = RedisConfig::from_url(&url).expect("a URL").with_tls(tls);

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::RespError;
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    Disconnect, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig, SmolRuntime,
+    Disconnect, RedisClient, RedisClientConfig, RedisClientEvent, SmolRuntime,
 };
 use synapse_replication::wire::InstanceName;
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "fake.example";
 

@@ -79,6 +79,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use smol::LocalExecutor;
 use smol::channel::{Receiver, Sender};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Writer,
 };
@@ -86,11 +87,10 @@ use synapse_replication::session::{
     ClientEvent, ClientId, ClientSession, RedisEvent, RedisSession, ServerEvent, ServerSession,
 };
 use synapse_replication::transport::{
-    BoxError, BoxFuture, CatchUpSource, RedisClient, RedisClientEvent, RedisConfig, SmolRuntime,
-    TcpClient, TcpClientEvent, TcpServer, TcpServerEvent,
+    BoxError, BoxFuture, CatchUpSource, RedisClient, RedisClientEvent, SmolRuntime, TcpClient,
+    TcpClientEvent, TcpServer, TcpServerEvent,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 use scaffold::{Observer, Report, Transport, count_rows, log_tips};
 

@@ -22,12 +22,13 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc;
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt, StreamExt};
 use serde_json::{Value, json};
+use synapse_replication::config::SynapseConfig;
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     BoxError, CatchUpSource, HttpCatchUp, HttpRequest, HttpResponse, HttpServer,
-    HttpServerCounters, RedisClient, RedisClientEvent, SmolRuntime, SynapseConfig, async_trait,
+    HttpServerCounters, RedisClient, RedisClientEvent, SmolRuntime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 

@@ -606,7 +606,7 @@ mod tests {
     #[test]
     fn timeouts_move_forward() {
         let t0 = Instant::now();
-        let registry = std::sync::Arc::new(crate::writers::StreamWriters::default());
+        let registry = std::sync::Arc::new(crate::config::StreamWriters::default());
         let mut w = Writer::new(InstanceName::master(), registry);
         w.request_replicate(t0);
         assert_eq!(w.poll_timeout(), None, "disconnected");

@@ -292,7 +292,7 @@ pub enum RedisClientEvent {
     /// once per run of failures; it is still retried). Until it succeeds it
     /// is listed by `stuck_catch_ups`.
     CatchUpStuck(StuckCatchUp),
-    /// What the sentinels said (with a sentinel [`RedisConfig`](crate::transport::RedisConfig) only):
+    /// What the sentinels said (with a sentinel [`RedisConfig`](crate::config::RedisConfig) only):
     /// the master each link found, failovers, the watch's ups and downs.
     Sentinel(SentinelEvent),
     /// A command given to a [`CommandSender`](crate::transport::CommandSender) could not be sent (not

@@ -13,11 +13,11 @@
 //! # #[cfg(feature = "runtime-smol")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
+//! use synapse_replication::config::StreamWriters;
 //! use synapse_replication::positions::Follower;
 //! use synapse_replication::session::ClientSession;
 //! use synapse_replication::transport::{SmolRuntime, TcpClient, TcpClientEvent};
 //! use synapse_replication::wire::InstanceName;
-//! use synapse_replication::writers::StreamWriters;
 //!
 //! let follower = Follower::new(InstanceName::from("worker1"), Arc::new(StreamWriters::default()));
 //! let session = ClientSession::new("example.com", follower)?;
@@ -59,11 +59,13 @@
 //!
 //! # Reaching Redis
 //!
-//! [`RedisConfig`] says where Redis is and how to reach it, read from a
-//! URL (`redis://`, `rediss://`, `unix://`) or from Synapse's `redis:`
-//! config section ([`SynapseRedisConfig`]); [`RedisConfig::connect`] opens
-//! the byte stream over TCP, a Unix socket, or TLS (feature `tls`, rustls),
-//! which never falls back to plaintext.
+//! [`RedisConfig`](crate::config::RedisConfig) (in
+//! [`config`](crate::config)) says where Redis is and how to reach it,
+//! read from a URL (`redis://`, `rediss://`, `unix://`) or from Synapse's
+//! `redis:` config section; [`Dial::connect`] opens the byte stream over
+//! TCP, a Unix socket, or TLS (feature `tls`, rustls), which never falls
+//! back to plaintext. The same dialer opens HTTP catch-up's connections,
+//! to an `instance_map` [`Endpoint`](crate::config::Endpoint).
 
 mod catch_ups;
 mod command_queue;
@@ -72,10 +74,8 @@ mod events;
 mod http;
 mod net;
 mod redis;
-mod redis_config;
 mod runtime;
 mod sentinel;
-mod synapse_config;
 mod tcp_client;
 mod tcp_server;
 
@@ -98,18 +98,13 @@ pub use http::server::{
     HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters, HttpServerTls,
     HttpServerTlsError,
 };
-pub use net::dial::TlsConfig;
+pub use net::dial::Dial;
 pub use redis::{RedisClient, RedisClientConfig};
-pub use redis_config::{
-    DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
-    SynapseRedisConfig,
-};
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
 pub use runtime::smol::SmolRuntime;
 pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 pub use sentinel::SentinelEvent;
-pub use synapse_config::{SynapseConfig, SynapseConfigError};
 
 pub use command_queue::{CommandSendError, CommandSender};
 pub use net::socket::Disconnect;

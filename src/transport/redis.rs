@@ -21,13 +21,13 @@ use crate::writers::WriterRegistry;
 use super::catch_ups::{CatchUps, StuckCatchUp};
 use super::command_queue::{CommandQueue, CommandSender};
 use super::events::RedisClientEvent;
+use super::net::dial::Dial;
 use super::net::socket::Disconnect;
 use super::net::socket::{Link, Timer};
-use super::redis_config::{RedisConfig, RedisConfigError};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelEvent, SentinelWatcher};
-use super::synapse_config::SynapseConfig;
 use super::{Backoff, CatchUpSource};
+use crate::config::{ConfigError, RedisConfig, SynapseConfig};
 use crate::session::MasterAddr;
 
 /// Passes of a driver's poll before it yields to the executor.
@@ -137,9 +137,8 @@ struct Slot {
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use synapse_replication::transport::{
-///     RedisClient, RedisClientEvent, SmolRuntime, SynapseConfig,
-/// };
+/// use synapse_replication::config::SynapseConfig;
+/// use synapse_replication::transport::{RedisClient, RedisClientEvent, SmolRuntime};
 ///
 /// let synapse = SynapseConfig::from_json(
 ///     r#"{"server_name": "example.com", "redis": {"enabled": true}}"#,
@@ -209,14 +208,14 @@ impl<R: Runtime> RedisClient<R> {
     /// Synapse's endpoint: `HttpCatchUp::from_synapse`, feature
     /// `http-catch-up`).
     ///
-    /// Fails with [`RedisConfigError::Disabled`] when the deployment does
+    /// Fails with [`ConfigError::Disabled`] when the deployment does
     /// not use Redis.
     pub fn follow(
         runtime: R,
         synapse: &SynapseConfig,
         name: impl Into<InstanceName>,
-    ) -> Result<RedisClient<R>, RedisConfigError> {
-        let config = synapse.redis().ok_or(RedisConfigError::Disabled)?.clone();
+    ) -> Result<RedisClient<R>, ConfigError> {
+        let config = synapse.redis().ok_or(ConfigError::Disabled)?.clone();
         let name = name.into();
         let mut options = config.session_config(synapse.server_name());
         options.client_name = Some(name.to_string());

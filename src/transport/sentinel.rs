@@ -21,8 +21,8 @@ use crate::session::sentinel::{
 
 use super::Backoff;
 use super::net::dial;
-use super::redis_config::{RedisConfig, RedisEndpoint};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::config::{Endpoint, RedisConfig};
 
 /// What the sentinels told a [`RedisClient`](super::RedisClient).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,15 +35,15 @@ pub enum SentinelEvent {
         /// The master.
         master: MasterAddr,
         /// The sentinel that named it.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
         /// The sentinels asked before in this round, and why they did not
         /// do (down, no such master, named a replica, ...).
-        rejected: Vec<(RedisEndpoint, SentinelError)>,
+        rejected: Vec<(Endpoint, SentinelError)>,
     },
     /// Failovers are heard through this sentinel from now on.
     Watching {
         /// The sentinel.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
     },
     /// The sentinels switched the master: links to another node are
     /// closed and connect again through discovery.
@@ -65,7 +65,7 @@ pub enum SentinelEvent {
     /// the old master drops its clients or stops answering.
     WatchLost {
         /// The sentinel.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
         /// Why.
         error: SentinelError,
         /// The delay before the next attempt.
@@ -319,7 +319,7 @@ impl MasterSearch {
                 }
             }
             SentinelTarget::Master(master) => {
-                let endpoint = RedisEndpoint::Tcp {
+                let endpoint = Endpoint::Tcp {
                     host: master.host.clone(),
                     port: master.port,
                 };
@@ -417,7 +417,7 @@ impl SentinelWatcher {
         }
     }
 
-    fn endpoint(&self) -> RedisEndpoint {
+    fn endpoint(&self) -> Endpoint {
         self.config
             .sentinel_config()
             .and_then(|s| s.sentinel(self.index))

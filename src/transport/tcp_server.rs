@@ -106,7 +106,7 @@ struct ServerLink {
 /// use synapse_replication::session::ServerSession;
 /// use synapse_replication::transport::{SmolRuntime, TcpServer};
 /// use synapse_replication::wire::{InstanceName, StreamName, Token};
-/// use synapse_replication::writers::StreamWriters;
+/// use synapse_replication::config::StreamWriters;
 ///
 /// let mut writer = Writer::new(InstanceName::master(), Arc::new(StreamWriters::default()));
 /// writer.advance(&StreamName::Caches, Token(0))?;

@@ -19,14 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    BoxError, CatchUpSource, RedisClient, RedisClientConfig, RedisClientEvent, RedisConfig,
-    Runtime, async_trait,
+    BoxError, CatchUpSource, RedisClient, RedisClientConfig, RedisClientEvent, Runtime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 /// The channel prefix (the deployment's server name).
 pub const PREFIX: &str = "test.example";

@@ -122,7 +122,7 @@ impl Default for HttpServerConfig {
 /// entry's `host`. Synapse presents no client certificate: leave
 /// `client_ca_file` unset for it (it is for other clients, such as this
 /// crate's `HttpCatchUp` (feature `http-catch-up`) with a
-/// [`TlsConfig`](crate::transport::TlsConfig) certificate).
+/// [`TlsConfig`](crate::config::TlsConfig) certificate).
 ///
 /// ```
 /// use synapse_replication::transport::HttpServerTls;

@@ -1,74 +1,106 @@
 //! Opening the byte streams the drivers speak over: TCP, a Unix socket,
 //! or TLS over TCP (feature `tls`), for Redis and for HTTP catch-up alike.
+//! It takes the configuration's types ([`Endpoint`], [`TlsConfig`],
+//! [`RedisConfig`]) and builds the rustls client from them.
 
 use std::io;
-use std::path::PathBuf;
 #[cfg(feature = "tls")]
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "tls")]
 use futures_rustls::rustls::{self, ClientConfig};
 
-use crate::transport::redis_config::endpoint::RedisEndpoint;
-use crate::transport::redis_config::error::RedisConfigError;
 #[cfg(feature = "tls")]
-use crate::transport::redis_config::error::snippet;
+use crate::config::error::snippet;
+use crate::config::{ConfigError, Endpoint, RedisConfig, Tls, TlsCache, TlsConfig};
 use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
-/// TLS to Redis (needs the crate's `tls` feature; rustls underneath).
+/// Opening the byte stream a configuration describes: implemented for
+/// [`RedisConfig`]. Import it to call `config.connect(&runtime)`.
 ///
-/// The server's certificate is always verified, against the CAs of
-/// `ca_file`, or if none is given of `ca_path`, or if neither is given of
-/// the system's root store. (Synapse, through Twisted's default client
-/// context, does not verify it at all; a certificate Synapse accepts may
-/// need its CA given here.) A TLS connection never falls back to
-/// plaintext.
-///
-/// ```
-/// use synapse_replication::transport::TlsConfig;
-///
-/// let mut tls = TlsConfig::default();
-/// tls.ca_file = Some("/etc/redis/ca.crt".into());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct TlsConfig {
-    /// A PEM file of CA certificates to trust.
-    pub ca_file: Option<PathBuf>,
-    /// A directory of PEM files of CA certificates to trust (OpenSSL's
-    /// `CApath`; every certificate in its files is loaded). Ignored when
-    /// `ca_file` is set, as in Synapse.
-    pub ca_path: Option<PathBuf>,
-    /// A PEM file with the client certificate (and its chain), for a
-    /// server that asks for one (`tls-auth-clients`).
-    pub certificate_file: Option<PathBuf>,
-    /// A PEM file with the client certificate's private key.
-    pub private_key_file: Option<PathBuf>,
-    /// The name the server's certificate must carry, instead of the host
-    /// connected to.
-    pub server_name: Option<String>,
+/// The configuration is data ([`config`](crate::config), the same in every
+/// build); this is where it meets the network: TCP, a Unix socket, or TLS
+/// over TCP (feature `tls`, rustls), which never falls back to plaintext.
+pub trait Dial {
+    /// Checks now what [`Dial::connect`] would find wrong without
+    /// touching the network: TLS over a Unix socket, TLS without the `tls`
+    /// feature, and certificate or key files that do not load (which it
+    /// loads, once, for all later connections). Call it at startup to
+    /// report a bad configuration before the first connection attempt.
+    ///
+    /// With sentinels: also an empty list, too long a list or no service
+    /// name, and the sentinels' TLS files.
+    fn prepare(&self) -> Result<(), ConfigError>;
+
+    /// Opens a connection through `runtime`: TCP, the Unix socket
+    /// ([`Runtime::connect_unix`]), or TCP then a TLS handshake, within
+    /// the configuration's connect timeout
+    /// ([`RedisConfig::connect_timeout`]). Callable any number of times
+    /// (to reconnect); TLS certificates are loaded on the first call only.
+    ///
+    /// Only the byte stream: no `AUTH`, `SELECT` or `HELLO` is sent (the
+    /// Redis session does that). A configuration error (see
+    /// [`Dial::prepare`]) comes back as an [`io::Error`] of kind
+    /// `InvalidInput` (`Unsupported` for a build without `tls`) wrapping
+    /// the [`ConfigError`]; a certificate the server presents that does
+    /// not verify, as one of kind `InvalidData`; running out of time, as
+    /// one of kind `TimedOut`.
+    ///
+    /// A sentinel configuration ([`RedisConfig::sentinel`]) is not
+    /// connected here: finding the master takes several connections over
+    /// time, which the [`RedisClient`](crate::transport::RedisClient) makes
+    /// (or your own driver, with
+    /// [`SentinelDiscovery`](crate::session::SentinelDiscovery)); this
+    /// fails with kind `Unsupported`.
+    fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>>;
 }
 
-/// The client side of one [`TlsConfig`]: its rustls configuration, built
-/// on first use (certificates are read once) and shared by clones.
-#[derive(Clone, Default)]
-pub(crate) struct TlsClient {
-    #[cfg(feature = "tls")]
-    cache: Arc<Mutex<Option<Arc<ClientConfig>>>>,
-}
+impl Dial for RedisConfig {
+    fn prepare(&self) -> Result<(), ConfigError> {
+        if let Some(sentinel) = self.sentinel_config() {
+            sentinel.check()?;
+            for endpoint in sentinel.sentinels() {
+                prepare(endpoint, self.sentinel_tls())?;
+            }
+            if let Some(tls) = self.dial_tls() {
+                // The master is a TCP address the sentinels name.
+                let master = Endpoint::Tcp {
+                    host: "localhost".to_owned(),
+                    port: RedisConfig::DEFAULT_PORT,
+                };
+                return prepare(&master, Some(tls));
+            }
+            return Ok(());
+        }
+        prepare(self.endpoint(), self.dial_tls())
+    }
 
-/// A connection's TLS: the settings and their loaded client.
-pub(crate) type Tls<'a> = Option<(&'a TlsConfig, &'a TlsClient)>;
+    fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>> {
+        if self.sentinel_config().is_some() {
+            let error = io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a redis sentinel configuration connects through RedisClient",
+            );
+            return Box::pin(async move { Err(error) });
+        }
+        connect(
+            runtime,
+            self.endpoint(),
+            self.dial_tls(),
+            Some(self.connect_timeout()),
+        )
+    }
+}
 
 /// Checks now what [`connect`] would find wrong without touching the
 /// network: TLS over a Unix socket, TLS without the `tls` feature,
 /// certificate or key files that do not load (loaded here, once).
-pub(crate) fn prepare(endpoint: &RedisEndpoint, tls: Tls<'_>) -> Result<(), RedisConfigError> {
+pub(crate) fn prepare(endpoint: &Endpoint, tls: Tls<'_>) -> Result<(), ConfigError> {
     match (endpoint, tls) {
         (_, None) => Ok(()),
-        (RedisEndpoint::Unix(_), Some(_)) => Err(RedisConfigError::TlsOverUnix),
-        (RedisEndpoint::Tcp { host, .. }, Some((config, client))) => {
+        (Endpoint::Unix(_), Some(_)) => Err(ConfigError::TlsOverUnix { key: None }),
+        (Endpoint::Tcp { host, .. }, Some((config, client))) => {
             tls_setup(host, config, client).map(drop)
         }
     }
@@ -77,11 +109,11 @@ pub(crate) fn prepare(endpoint: &RedisEndpoint, tls: Tls<'_>) -> Result<(), Redi
 /// Opens a stream to `endpoint` through `runtime`, within `timeout` if
 /// given. A configuration error comes back as an [`io::Error`] of kind
 /// `InvalidInput` (`Unsupported` for a build without `tls`) wrapping the
-/// [`RedisConfigError`]; a certificate that does not verify, as one of
+/// [`ConfigError`]; a certificate that does not verify, as one of
 /// kind `InvalidData`; running out of time, as one of kind `TimedOut`.
 pub(crate) fn connect(
     runtime: &dyn Runtime,
-    endpoint: &RedisEndpoint,
+    endpoint: &Endpoint,
     tls: Tls<'_>,
     timeout: Option<Duration>,
 ) -> BoxFuture<'static, io::Result<BoxConnection>> {
@@ -104,21 +136,21 @@ pub(crate) fn connect(
 
 fn connect_without_timeout(
     runtime: &dyn Runtime,
-    endpoint: &RedisEndpoint,
+    endpoint: &Endpoint,
     tls: Tls<'_>,
 ) -> BoxFuture<'static, io::Result<BoxConnection>> {
     match (endpoint, tls) {
-        (RedisEndpoint::Unix(path), None) => runtime.connect_unix(path),
-        (RedisEndpoint::Unix(_), Some(_)) => failed(RedisConfigError::TlsOverUnix),
-        (RedisEndpoint::Tcp { host, port }, None) => {
-            runtime.connect(&RedisEndpoint::tcp_address(host, *port))
+        (Endpoint::Unix(path), None) => runtime.connect_unix(path),
+        (Endpoint::Unix(_), Some(_)) => failed(ConfigError::TlsOverUnix { key: None }),
+        (Endpoint::Tcp { host, port }, None) => {
+            runtime.connect(&Endpoint::tcp_address(host, *port))
         }
-        (RedisEndpoint::Tcp { host, port }, Some((config, client))) => {
+        (Endpoint::Tcp { host, port }, Some((config, client))) => {
             let setup = match tls_setup(host, config, client) {
                 Ok(setup) => setup,
                 Err(error) => return failed(error),
             };
-            let tcp = runtime.connect(&RedisEndpoint::tcp_address(host, *port));
+            let tcp = runtime.connect(&Endpoint::tcp_address(host, *port));
             tls_handshake(setup, tcp)
         }
     }
@@ -126,27 +158,12 @@ fn connect_without_timeout(
 
 /// The rustls configuration (built once) and the name to verify.
 #[cfg(feature = "tls")]
-fn tls_setup(
-    host: &str,
-    tls: &TlsConfig,
-    client: &TlsClient,
-) -> Result<TlsSetup, RedisConfigError> {
+fn tls_setup(host: &str, tls: &TlsConfig, cache: &TlsCache) -> Result<TlsSetup, ConfigError> {
     let name = tls.server_name.as_deref().unwrap_or(host);
     let server_name = rustls::pki_types::ServerName::try_from(name)
-        .map_err(|_| RedisConfigError::InvalidServerName(snippet(name)))?
+        .map_err(|_| ConfigError::InvalidServerName(snippet(name)))?
         .to_owned();
-    let mut cached = client
-        .cache
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let client = match &*cached {
-        Some(client) => Arc::clone(client),
-        None => {
-            let client = Arc::new(tls::client_config(tls)?);
-            *cached = Some(Arc::clone(&client));
-            client
-        }
-    };
+    let client = cache.get_or_build(|| tls::client_config(tls))?;
     Ok(TlsSetup {
         client,
         server_name,
@@ -154,12 +171,8 @@ fn tls_setup(
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_setup(
-    _host: &str,
-    _tls: &TlsConfig,
-    _client: &TlsClient,
-) -> Result<TlsSetup, RedisConfigError> {
-    Err(RedisConfigError::TlsUnavailable)
+fn tls_setup(_host: &str, _tls: &TlsConfig, _cache: &TlsCache) -> Result<TlsSetup, ConfigError> {
+    Err(ConfigError::TlsUnavailable)
 }
 
 /// What a TLS handshake needs.
@@ -196,9 +209,9 @@ fn tls_handshake(
 }
 
 /// A future that fails at once with a configuration error.
-fn failed(error: RedisConfigError) -> BoxFuture<'static, io::Result<BoxConnection>> {
+fn failed(error: ConfigError) -> BoxFuture<'static, io::Result<BoxConnection>> {
     let kind = match error {
-        RedisConfigError::TlsUnavailable => io::ErrorKind::Unsupported,
+        ConfigError::TlsUnavailable => io::ErrorKind::Unsupported,
         _ => io::ErrorKind::InvalidInput,
     };
     let error = io::Error::new(kind, error);
@@ -216,17 +229,16 @@ mod tls {
     use futures_rustls::rustls::{ClientConfig, RootCertStore};
 
     use super::super::pem::{PemFileError, certificates, private_key};
-    use super::TlsConfig;
-    use crate::transport::redis_config::error::RedisConfigError;
+    use crate::config::{ConfigError, TlsConfig};
 
     /// rustls with the ring provider, its safe default protocol versions,
     /// the configured roots and client certificate.
-    pub(super) fn client_config(tls: &TlsConfig) -> Result<ClientConfig, RedisConfigError> {
+    pub(super) fn client_config(tls: &TlsConfig) -> Result<ClientConfig, ConfigError> {
         let roots = roots(tls)?;
         let provider = Arc::new(futures_rustls::rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|error| RedisConfigError::Tls(error.to_string()))?
+            .map_err(|error| ConfigError::Tls(error.to_string()))?
             .with_root_certificates(roots);
         match (&tls.certificate_file, &tls.private_key_file) {
             (Some(certificate_file), Some(private_key_file)) => {
@@ -234,14 +246,14 @@ mod tls {
                 let key = private_key(private_key_file, "private_key_file")?;
                 builder
                     .with_client_auth_cert(chain, key)
-                    .map_err(|error| RedisConfigError::Tls(error.to_string()))
+                    .map_err(|error| ConfigError::Tls(error.to_string()))
             }
             (None, None) => Ok(builder.with_no_client_auth()),
-            _ => Err(RedisConfigError::CertificateWithoutKey),
+            _ => Err(ConfigError::CertificateWithoutKey { key: None }),
         }
     }
 
-    fn roots(tls: &TlsConfig) -> Result<RootCertStore, RedisConfigError> {
+    fn roots(tls: &TlsConfig) -> Result<RootCertStore, ConfigError> {
         let mut roots = RootCertStore::empty();
         if let Some(ca_file) = &tls.ca_file {
             for certificate in certificates(ca_file, "ca_file")? {
@@ -259,7 +271,7 @@ mod tls {
                     .errors
                     .first()
                     .map_or_else(|| "none found".to_owned(), ToString::to_string);
-                return Err(RedisConfigError::NoSystemRoots(reason));
+                return Err(ConfigError::NoSystemRoots(reason));
             }
         }
         Ok(roots)
@@ -267,7 +279,7 @@ mod tls {
 
     /// Every certificate in the files of `dir` (OpenSSL's `CApath`:
     /// hashed links or plain files); files without any are skipped.
-    fn add_directory(roots: &mut RootCertStore, dir: &Path) -> Result<(), RedisConfigError> {
+    fn add_directory(roots: &mut RootCertStore, dir: &Path) -> Result<(), ConfigError> {
         let entries = std::fs::read_dir(dir).map_err(|error| file_error("ca_path", dir, error))?;
         let mut paths = Vec::new();
         for entry in entries {
@@ -283,7 +295,7 @@ mod tls {
             roots.add_parsable_certificates(certificates);
         }
         if roots.is_empty() {
-            return Err(RedisConfigError::TlsFile {
+            return Err(ConfigError::TlsFile {
                 what: "ca_path",
                 path: dir.to_owned(),
                 reason: "no CA certificate found in the directory".to_owned(),
@@ -292,18 +304,130 @@ mod tls {
         Ok(())
     }
 
-    impl From<PemFileError> for RedisConfigError {
-        fn from(error: PemFileError) -> RedisConfigError {
+    impl From<PemFileError> for ConfigError {
+        fn from(error: PemFileError) -> ConfigError {
             let PemFileError { what, path, reason } = error;
-            RedisConfigError::TlsFile { what, path, reason }
+            ConfigError::TlsFile { what, path, reason }
         }
     }
 
-    fn file_error(what: &'static str, path: &Path, reason: impl ToString) -> RedisConfigError {
-        RedisConfigError::TlsFile {
+    fn file_error(what: &'static str, path: &Path, reason: impl ToString) -> ConfigError {
+        ConfigError::TlsFile {
             what,
             path: path.to_owned(),
             reason: reason.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(feature = "tls")]
+    use std::path::Path;
+
+    use super::*;
+    #[cfg(feature = "tls")]
+    use crate::config::TempFile;
+
+    #[test]
+    fn tls_over_unix_is_refused() {
+        let config = RedisConfig::unix("/s").with_tls(TlsConfig::default());
+        assert!(matches!(
+            config.prepare(),
+            Err(ConfigError::TlsOverUnix { .. })
+        ));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_refused() {
+        let config = RedisConfig::from_url("rediss://h").expect("a valid url");
+        let error = config.prepare().expect_err("no tls");
+        assert!(matches!(error, ConfigError::TlsUnavailable));
+        assert!(error.to_string().contains("`tls` feature"), "{error}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_file_errors() {
+        let missing = TlsConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(missing)
+            .prepare()
+            .expect_err("missing ca");
+        assert!(
+            matches!(
+                error,
+                ConfigError::TlsFile {
+                    what: "ca_file",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+
+        let not_pem = TempFile::new("ca.pem", "not a certificate\n");
+        let tls = TlsConfig {
+            ca_file: Some(not_pem.0.clone()),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(tls)
+            .prepare()
+            .expect_err("no certificate");
+        assert!(error.to_string().contains("no certificate"), "{error}");
+
+        let dir = TempFile::new("README", "nothing here\n");
+        let tls = TlsConfig {
+            ca_path: dir.0.parent().map(Path::to_owned),
+            ..TlsConfig::default()
+        };
+        let error = RedisConfig::tcp("h", 1)
+            .with_tls(tls)
+            .prepare()
+            .expect_err("empty ca_path");
+        assert!(
+            matches!(
+                error,
+                ConfigError::TlsFile {
+                    what: "ca_path",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+
+        let tls = TlsConfig {
+            certificate_file: Some("/c.pem".into()),
+            ..TlsConfig::default()
+        };
+        assert!(matches!(
+            RedisConfig::tcp("h", 1).with_tls(tls).prepare(),
+            Err(ConfigError::CertificateWithoutKey { .. })
+        ));
+
+        let tls = TlsConfig {
+            server_name: Some("not a name".to_owned()),
+            ..TlsConfig::default()
+        };
+        assert!(matches!(
+            RedisConfig::tcp("h", 1).with_tls(tls).prepare(),
+            Err(ConfigError::InvalidServerName(_))
+        ));
+    }
+
+    #[test]
+    fn empty_sentinel_configs_are_refused_before_connecting() {
+        let config = RedisConfig::sentinel("m", Vec::<(String, u16)>::new());
+        assert!(matches!(config.prepare(), Err(ConfigError::NoSentinels)));
+        let config = RedisConfig::sentinel("", [("h", 1)]);
+        assert!(matches!(
+            config.prepare(),
+            Err(ConfigError::MissingServiceName { .. })
+        ));
+        assert!(RedisConfig::sentinel("m", [("h", 1)]).prepare().is_ok());
     }
 }

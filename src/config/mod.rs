@@ -1,15 +1,55 @@
-//! A Synapse deployment's configuration, read in one call: everything a
-//! process joining it needs from `homeserver.yaml`.
+//! Beside the layers, configuration: everything read from Synapse's own
+//! configuration, and where and how to connect. Sans-IO (the one file it
+//! reads is a secret or password file Synapse names) and the same in every
+//! build: no cargo feature changes it.
+//!
+//! - [`SynapseConfig`]: a deployment's configuration, read in one call
+//!   from `homeserver.yaml` (as JSON): the server name, the replication
+//!   secret, and the sections below.
+//! - [`StreamWriters`] and [`InstanceLocation`]: `stream_writers` and
+//!   `instance_map`, who writes which stream and where each process
+//!   listens.
+//! - [`RedisConfig`] (with [`RedisAuth`], [`SentinelConfig`] and
+//!   [`AllowedMasters`]): where and how to reach Redis, from a URL or from
+//!   Synapse's `redis:` section ([`SynapseRedisConfig`]).
+//! - [`Endpoint`] and [`TlsConfig`]: where a server listens and the
+//!   client side of TLS, for Redis and HTTP alike.
+//! - [`ConfigError`]: the one error for a configuration a user got wrong,
+//!   naming the key.
+//!
+//! Every layer may use it; it uses none of them but the wire's names.
+//! Connecting is the transports' (`transport`, whose dialer takes these
+//! types).
+
+mod allow;
+mod endpoint;
+pub(crate) mod error;
+mod redis;
+mod redis_url;
+mod sentinel;
+mod synapse_redis;
+mod tls;
+mod writers;
+
+pub use allow::AllowedMasters;
+pub use endpoint::Endpoint;
+pub use error::ConfigError;
+pub use redis::{RedisAuth, RedisConfig};
+pub use sentinel::{DEFAULT_SENTINEL_PORT, MAX_SENTINELS, SentinelConfig};
+pub use synapse_redis::SynapseRedisConfig;
+pub use tls::TlsConfig;
+pub use writers::{InstanceLocation, StreamWriters};
+
+#[cfg(test)]
+pub(crate) use redis::test_files::TempFile;
+pub(crate) use tls::{Tls, TlsCache};
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-
-use crate::writers::{ConfigError, StreamWriters};
-
-use super::redis_config::{RedisConfig, RedisConfigError, SynapseRedisConfig};
+use serde::de::DeserializeOwned;
 
 /// What a process joining a Synapse deployment needs from Synapse's
 /// configuration (`homeserver.yaml`, or the shared part of it every
@@ -22,7 +62,7 @@ use super::redis_config::{RedisConfig, RedisConfigError, SynapseRedisConfig};
 /// keys are ignored, so the whole file can be given.
 ///
 /// ```
-/// use synapse_replication::transport::SynapseConfig;
+/// use synapse_replication::config::SynapseConfig;
 /// use synapse_replication::wire::{InstanceName, StreamName};
 ///
 /// let synapse = SynapseConfig::from_json(r#"{
@@ -52,55 +92,9 @@ pub struct SynapseConfig {
     replication_secret: Option<String>,
 }
 
-/// A Synapse configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SynapseConfigError {
-    /// The text is not JSON, or a known key has the wrong type.
-    #[error("synapse config: {0}")]
-    Json(#[from] serde_json::Error),
-    /// `server_name` is missing or empty.
-    #[error("synapse config: server_name is missing")]
-    MissingServerName,
-    /// `stream_writers` or `instance_map` is wrong.
-    #[error("synapse config: {0}")]
-    Writers(#[from] ConfigError),
-    /// The `redis:` section is enabled but cannot be used.
-    #[error("synapse config: {0}")]
-    Redis(#[from] RedisConfigError),
-    /// Both `worker_replication_secret` and
-    /// `worker_replication_secret_path` are set (Synapse refuses this
-    /// too).
-    #[error(
-        "synapse config: worker_replication_secret and worker_replication_secret_path are both set"
-    )]
-    ConflictingSecrets,
-    /// `worker_replication_secret_path` cannot be read.
-    #[error("synapse config: cannot read worker_replication_secret_path {path:?}: {source}")]
-    SecretFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-}
-
-/// The keys read here; the rest of the file is ignored.
-#[derive(Deserialize)]
-struct Keys {
-    #[serde(default)]
-    server_name: Option<String>,
-    #[serde(default)]
-    redis: Option<SynapseRedisConfig>,
-    #[serde(default)]
-    worker_replication_secret: Option<String>,
-    #[serde(default)]
-    worker_replication_secret_path: Option<PathBuf>,
-}
-
 impl SynapseConfig {
     /// Reads Synapse's configuration from its JSON form.
-    pub fn from_json(text: &str) -> Result<SynapseConfig, SynapseConfigError> {
+    pub fn from_json(text: &str) -> Result<SynapseConfig, ConfigError> {
         SynapseConfig::from_value(serde_json::from_str(text)?)
     }
 
@@ -111,25 +105,25 @@ impl SynapseConfig {
     /// `worker_replication_secret_path` is read now and stripped of
     /// surrounding whitespace. See [`StreamWriters::from_value`] and
     /// [`RedisConfig::from_synapse`] for the other sections.
-    pub fn from_value(value: serde_json::Value) -> Result<SynapseConfig, SynapseConfigError> {
-        let keys = Keys::deserialize(&value)?;
-        let server_name = keys
-            .server_name
+    pub fn from_value(value: serde_json::Value) -> Result<SynapseConfig, ConfigError> {
+        let keys = serde_json::Map::<String, serde_json::Value>::deserialize(&value)?;
+        let server_name = read_key::<String>(&keys, "server_name")?
             .filter(|name| !name.is_empty())
-            .ok_or(SynapseConfigError::MissingServerName)?;
+            .ok_or(ConfigError::MissingServerName)?;
+        let redis_section = read_key::<SynapseRedisConfig>(&keys, "redis")?;
+        let secret = read_key::<String>(&keys, "worker_replication_secret")?
+            .filter(|secret| !secret.is_empty());
+        let secret_path = read_key::<PathBuf>(&keys, "worker_replication_secret_path")?;
         let writers = StreamWriters::from_value(value)?;
-        let redis = match &keys.redis {
+        let redis = match &redis_section {
             Some(section) if section.enabled => Some(RedisConfig::from_synapse(section)?),
             _ => None,
         };
-        let secret = keys
-            .worker_replication_secret
-            .filter(|secret| !secret.is_empty());
-        let replication_secret = match keys.worker_replication_secret_path {
-            Some(_) if secret.is_some() => return Err(SynapseConfigError::ConflictingSecrets),
+        let replication_secret = match secret_path {
+            Some(_) if secret.is_some() => return Err(ConfigError::ConflictingSecrets),
             Some(path) => match std::fs::read_to_string(&path) {
                 Ok(text) => Some(text.trim().to_owned()),
-                Err(source) => return Err(SynapseConfigError::SecretFile { path, source }),
+                Err(source) => return Err(ConfigError::SecretFile { path, source }),
             },
             None => secret,
         };
@@ -179,6 +173,21 @@ impl fmt::Debug for SynapseConfig {
     }
 }
 
+/// The value of `key`, if present and not `null`; a value of the wrong
+/// type is a [`ConfigError::InvalidValue`] that names `key`.
+fn read_key<T: DeserializeOwned>(
+    keys: &serde_json::Map<String, serde_json::Value>,
+    key: &'static str,
+) -> Result<Option<T>, ConfigError> {
+    match keys.get(key) {
+        None => Ok(None),
+        Some(value) => Option::<T>::deserialize(value).map_err(|error| ConfigError::InvalidValue {
+            key: key.to_owned(),
+            reason: error.to_string(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +233,66 @@ mod tests {
             let error = SynapseConfig::from_json(text).unwrap_err().to_string();
             assert!(error.contains(expected), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (text, key) in [
+            (r#"{"server_name": 7}"#, "server_name"),
+            (
+                r#"{"server_name": "x", "redis": {"enabled": true, "port": 0}}"#,
+                "redis.port",
+            ),
+            (
+                r#"{"server_name": "x", "redis": {"enabled": true, "host": ""}}"#,
+                "redis.host",
+            ),
+            (r#"{"server_name": "x", "redis": {"port": "80"}}"#, "redis"),
+            (
+                r#"{"server_name": "x", "redis": {"enabled": true, "sentinels": ["h"]}}"#,
+                "redis.sentinel_service_name",
+            ),
+            (
+                r#"{"server_name": "x", "redis": {"enabled": true, "sentinels": ["h:x"],
+                    "sentinel_service_name": "m"}}"#,
+                "redis.sentinels",
+            ),
+            (
+                r#"{"server_name": "x", "instance_map": {"worker1": {"host": "h", "port": "80"}}}"#,
+                "instance_map.worker1.port",
+            ),
+            (
+                r#"{"server_name": "x", "instance_map": {"worker1": {"host": "h"}}}"#,
+                "instance_map.worker1.port",
+            ),
+            (
+                r#"{"server_name": "x", "instance_map": {"worker1": 3}}"#,
+                "instance_map.worker1",
+            ),
+            (
+                r#"{"server_name": "x", "stream_writers": {"typing": ["a", "b"]},
+                    "instance_map": {"a": {"host": "h", "port": 1}, "b": {"host": "h", "port": 2}}}"#,
+                "stream_writers.typing",
+            ),
+            (
+                r#"{"server_name": "x", "stream_writers": {"events": null}}"#,
+                "stream_writers.events",
+            ),
+            (
+                r#"{"server_name": "x", "stream_writers": {"caches": "master"}}"#,
+                "stream_writers.caches",
+            ),
+            (
+                r#"{"server_name": "x", "send_federation": "no"}"#,
+                "send_federation",
+            ),
+        ] {
+            let error = SynapseConfig::from_json(text).expect_err(text);
+            assert_eq!(error.key().as_deref(), Some(key), "{text}: {error}");
+            assert!(error.to_string().contains(key), "{text}: {error}");
+        }
+        let url = RedisConfig::from_url("redis://h:0").expect_err("port 0");
+        assert_eq!(url.key(), None, "{url}");
     }
 
     #[test]
