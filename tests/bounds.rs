@@ -115,7 +115,6 @@ fn a_full_tcp_command_sender_refuses_and_counts() {
 fn a_full_redis_command_sender_refuses_and_counts() {
     let mut options = RedisClientConfig::default();
     options.command_queue = 2;
-    options.connect_timeout = Duration::from_millis(200);
     let registry = Arc::new(StreamWriters::default().with_redis(true));
     let me = InstanceName::from("worker1");
     let session = RedisSession::new(
@@ -123,7 +122,8 @@ fn a_full_redis_command_sender_refuses_and_counts() {
         Follower::new(me.clone(), registry.clone()),
         Writer::new(me, registry),
     );
-    let config = RedisConfig::tcp("127.0.0.1", closed_port());
+    let config = RedisConfig::tcp("127.0.0.1", closed_port())
+        .with_connect_timeout(Duration::from_millis(200));
     let mut client = RedisClient::with_options(SmolRuntime, config, session, options);
     let sender = client.sender();
     fill_and_overflow(&sender, 2);

@@ -120,9 +120,8 @@ impl RedisConfig {
     /// Redis' port when none is given.
     pub const DEFAULT_PORT: u16 = 6379;
 
-    /// How long connecting may take unless told otherwise (Synapse's
-    /// connect timeout).
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How long connecting may take unless told otherwise (10 s).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
     /// `endpoint`, without credentials, database or TLS.
     pub fn new(endpoint: Endpoint) -> RedisConfig {
@@ -180,6 +179,8 @@ impl RedisConfig {
     /// each sentinel and each node it names has to connect and answer. A
     /// peer that accepts the connection but never answers the handshake
     /// (a plaintext server, to a TLS client) is then an error, not a hang.
+    /// The one connect timeout of a Redis connection: the dialer applies
+    /// it, and the client reconnects with backoff after it.
     #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> RedisConfig {
         self.connect_timeout = timeout;

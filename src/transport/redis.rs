@@ -45,8 +45,6 @@ pub struct RedisClientConfig {
     /// A connection that was up for this long resets its delay (5 s), so
     /// that a server that accepts and then drops clients is not hammered.
     pub stable_after: Duration,
-    /// Give up a connection attempt after this long (10 s).
-    pub connect_timeout: Duration,
     /// The first delay before asking a failed catch-up again (500 ms,
     /// doubling to `max_backoff`).
     pub catch_up_backoff: Duration,
@@ -69,7 +67,6 @@ impl Default for RedisClientConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             stable_after: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(10),
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 256 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
@@ -89,13 +86,11 @@ enum State {
     Start,
     Connecting {
         connect: BoxFuture<'static, io::Result<BoxConnection>>,
-        timeout: BoxFuture<'static, ()>,
     },
     /// Asking the sentinels where the master is (sentinel configurations
     /// only).
     Searching {
         search: Box<MasterSearch>,
-        timeout: BoxFuture<'static, ()>,
     },
     Connected(Box<Live>),
     Waiting(BoxFuture<'static, ()>),
@@ -596,17 +591,14 @@ impl<R: Runtime> RedisClient<R> {
                     slot.state = State::Idle;
                     return false;
                 }
-                let deadline = now + self.options.connect_timeout;
                 if let Some(search) = MasterSearch::new(&self.config, self.first_sentinel) {
                     slot.state = State::Searching {
                         search: Box::new(search),
-                        timeout: self.runtime.sleep_until(deadline),
                     };
                     return true;
                 }
                 slot.state = State::Connecting {
                     connect: self.config.connect(&self.runtime),
-                    timeout: self.runtime.sleep_until(deadline),
                 };
                 true
             }
@@ -617,16 +609,10 @@ impl<R: Runtime> RedisClient<R> {
                 slot.state = State::Start;
                 true
             }
-            State::Connecting { connect, timeout } => {
+            State::Connecting { connect } => {
                 let result = match connect.as_mut().poll(cx) {
                     Poll::Ready(result) => result,
-                    Poll::Pending => match timeout.as_mut().poll(cx) {
-                        Poll::Ready(()) => Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "connection attempt timed out",
-                        )),
-                        Poll::Pending => return false,
-                    },
+                    Poll::Pending => return false,
                 };
                 match result {
                     Ok(io) => {
@@ -660,16 +646,10 @@ impl<R: Runtime> RedisClient<R> {
                 }
                 true
             }
-            State::Searching { search, timeout } => {
+            State::Searching { search } => {
                 let result = match search.poll(cx, &self.runtime) {
                     Poll::Ready(result) => result,
-                    Poll::Pending => match timeout.as_mut().poll(cx) {
-                        Poll::Ready(()) => Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "finding the master through the sentinels timed out",
-                        )),
-                        Poll::Pending => return false,
-                    },
+                    Poll::Pending => return false,
                 };
                 match result {
                     Ok(found) => self.found_master(link, found, now),
