@@ -181,11 +181,46 @@ fn read_key<T: DeserializeOwned>(
 ) -> Result<Option<T>, ConfigError> {
     match keys.get(key) {
         None => Ok(None),
-        Some(value) => Option::<T>::deserialize(value).map_err(|error| ConfigError::InvalidValue {
-            key: key.to_owned(),
-            reason: error.to_string(),
+        Some(value) => Option::<T>::deserialize(value).map_err(|error| {
+            let reason = error.to_string();
+            // These may hold a password or the secret, in a value of the
+            // wrong type (a YAML number): say what was wrong, not what it was.
+            let reason = match key {
+                "redis" | "worker_replication_secret" | "worker_replication_secret_path" => {
+                    without_values(&reason)
+                }
+                _ => reason,
+            };
+            ConfigError::InvalidValue {
+                key: key.to_owned(),
+                reason,
+            }
         }),
     }
+}
+
+/// A serde message with the values it quotes (between backticks or double
+/// quotes) left out.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut closing = None;
+    for c in message.chars() {
+        match closing {
+            Some(end) if c == end => {
+                closing = None;
+                out.push('…');
+                out.push(c);
+            }
+            Some(_) => {}
+            None => {
+                out.push(c);
+                if c == '`' || c == '"' {
+                    closing = Some(c);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -293,6 +328,19 @@ mod tests {
         }
         let url = RedisConfig::from_url("redis://h:0").expect_err("port 0");
         assert_eq!(url.key(), None, "{url}");
+    }
+
+    #[test]
+    fn a_secret_of_the_wrong_type_is_not_quoted() {
+        for text in [
+            r#"{"server_name": "x", "redis": {"enabled": true, "password": 918273645}}"#,
+            r#"{"server_name": "x", "worker_replication_secret": 918273645}"#,
+        ] {
+            let error = SynapseConfig::from_json(text).expect_err(text);
+            let shown = format!("{error} {error:?}");
+            assert!(!shown.contains("918273645"), "{shown}");
+            assert!(matches!(error, ConfigError::InvalidValue { .. }), "{shown}");
+        }
     }
 
     #[test]
