@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use bytes::Bytes;
 use divan::counter::ItemsCount;
 use divan::{Bencher, black_box};
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{Follower, FollowerEvent};
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 /// Counts live bytes and allocations, to measure memory and allocations.
 struct Counting;

@@ -25,14 +25,12 @@ use std::time::{Duration, Instant};
 use synapse_replication::session::RedisEvent;
 
 use bytes::{Bytes, BytesMut};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::{Frame, RespDecoder};
 use synapse_replication::session::RedisSession;
-use synapse_replication::transport::{
-    RedisClient, RedisConfig, Runtime, SmolRuntime, TokioRuntime,
-};
+use synapse_replication::transport::{RedisClient, Runtime, SmolRuntime, TokioRuntime};
 use synapse_replication::wire::{Command, InstanceName};
-use synapse_replication::writers::StreamWriters;
 
 /// The traffic `benches/e2e.sh` publishes (`tools/flood.rs`).
 #[path = "tools/mix.rs"]

@@ -13,11 +13,12 @@
 //! Synapse's HTTP replication listener (`--features http-catch-up`).
 
 use std::error::Error;
+use synapse_replication::config::SynapseConfig;
 
 use synapse_replication::positions::FollowerEvent;
 use synapse_replication::session::RedisEvent;
 use synapse_replication::streams::Row;
-use synapse_replication::transport::{RedisClient, SynapseConfig, TokioRuntime};
+use synapse_replication::transport::{RedisClient, TokioRuntime};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {

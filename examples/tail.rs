@@ -169,7 +169,7 @@ fn run(_args: Args) -> io::Result<()> {
 fn run(args: Args) -> io::Result<()> {
     use std::sync::Arc;
 
-    use synapse_replication::writers::StreamWriters;
+    use synapse_replication::config::StreamWriters;
 
     let registry = match &args.writers {
         Some(path) => StreamWriters::from_json(&std::fs::read_to_string(path)?)
@@ -279,7 +279,7 @@ fn follower_line(
 fn run_tcp(
     args: &Args,
     addr: &str,
-    registry: std::sync::Arc<synapse_replication::writers::StreamWriters>,
+    registry: std::sync::Arc<synapse_replication::config::StreamWriters>,
 ) -> io::Result<()> {
     use std::io::Write;
 
@@ -341,13 +341,14 @@ fn run_tcp(
 fn run_redis(
     args: &Args,
     url: &str,
-    registry: std::sync::Arc<synapse_replication::writers::StreamWriters>,
+    registry: std::sync::Arc<synapse_replication::config::StreamWriters>,
 ) -> io::Result<()> {
     use std::io::Write;
 
+    use synapse_replication::config::RedisConfig;
     use synapse_replication::positions::{Follower, Writer};
     use synapse_replication::session::{RedisEvent, RedisSession};
-    use synapse_replication::transport::{RedisClient, RedisConfig, SmolRuntime};
+    use synapse_replication::transport::{RedisClient, SmolRuntime};
     use synapse_replication::wire::InstanceName;
 
     let config = RedisConfig::from_url(url).map_err(io::Error::other)?;

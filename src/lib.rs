@@ -15,10 +15,10 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Instant;
+//! use synapse_replication::config::StreamWriters;
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
 //! use synapse_replication::session::{TcpClientEvent, TcpClientSession, TcpServerSession};
 //! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-//! use synapse_replication::writers::StreamWriters;
 //!
 //! let now = Instant::now();
 //! let registry = Arc::new(StreamWriters::default()); // master writes everything
@@ -67,7 +67,7 @@
 //!
 //! Joining a real deployment takes the async drivers of [`transport`]:
 //! [`transport::RedisClient::follow`] reads what it needs from Synapse's
-//! configuration ([`transport::SynapseConfig`]) and hands over one event at
+//! configuration ([`config::SynapseConfig`]) and hands over one event at
 //! a time (see the README for a whole program).
 //!
 //! The layers, bottom up:
@@ -81,6 +81,13 @@
 //! - [`resp`]: the Redis wire codec;
 //! - [`transport`]: thin async drivers over `futures::io`, the only layer
 //!   that does I/O, with smol and tokio glue behind features.
+//!
+//! Beside the layers, [`config`]: everything read from Synapse's
+//! configuration (server name, `redis:` and Sentinel, `stream_writers` and
+//! `instance_map`, the replication secret, TLS settings) and where to
+//! connect, sans-IO and the same in every build, with one error type,
+//! [`config::ConfigError`], that names the key a user got wrong. Every
+//! layer may use it; it uses none of them but the wire's names.
 //!
 //! # Call order of the sans-IO sessions
 //!
@@ -102,6 +109,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod config;
 pub mod positions;
 pub mod resp;
 pub mod session;

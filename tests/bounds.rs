@@ -15,16 +15,16 @@ use std::time::{Duration, Instant};
 use synapse_replication::session::TcpServerEvent;
 
 use bytes::Bytes;
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{
     RedisSession, RedisSessionConfig, TcpClientSession, TcpServerSession,
 };
 use synapse_replication::transport::{
-    CommandSendError, CommandSender, Queued, RedisClient, RedisClientConfig, RedisConfig,
-    SmolRuntime, TcpClient, TcpClientConfig, TcpServer, TcpServerConfig,
+    CommandSendError, CommandSender, Queued, RedisClient, RedisClientConfig, SmolRuntime,
+    TcpClient, TcpClientConfig, TcpServer, TcpServerConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -116,7 +116,6 @@ fn a_full_tcp_command_sender_refuses_and_counts() {
 fn a_full_redis_command_sender_refuses_and_counts() {
     let mut options = RedisClientConfig::default();
     options.command_queue = 2;
-    options.connect_timeout = Duration::from_millis(200);
     let registry = Arc::new(StreamWriters::default().with_redis(true));
     let me = InstanceName::from("worker1");
     let session = RedisSession::new(
@@ -124,7 +123,8 @@ fn a_full_redis_command_sender_refuses_and_counts() {
         Follower::new(me.clone(), registry.clone()),
         Writer::new(me, registry),
     );
-    let config = RedisConfig::tcp("127.0.0.1", closed_port());
+    let config = RedisConfig::tcp("127.0.0.1", closed_port())
+        .with_connect_timeout(Duration::from_millis(200));
     let mut client = RedisClient::with_options(SmolRuntime, config, session, options);
     let sender = client.sender();
     fill_and_overflow(&sender, 2);

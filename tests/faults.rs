@@ -23,11 +23,10 @@ use std::time::{Duration, Instant};
 use common::faults::{RawRedis, Rng, Warnings};
 use common::nodes::{Logs, Node, PREFIX, Process, Rt, poll_nodes, row, run_for, run_until};
 use common::redis_server::RedisServer;
+use synapse_replication::config::RedisConfig;
 use synapse_replication::resp::Frame;
 use synapse_replication::session::{RedisError, RedisLink, RedisSession};
-use synapse_replication::transport::{
-    BoxFuture, RedisClientConfig, RedisConfig, SmolRuntime, TokioRuntime,
-};
+use synapse_replication::transport::{BoxFuture, RedisClientConfig, SmolRuntime, TokioRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
 
 /// Stops a test that would hang; never reached when things work.

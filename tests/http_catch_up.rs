@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::json;
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, FollowerEvent};
 use synapse_replication::transport::{
     CatchUpSource, HttpCatchUp, HttpCatchUpError, Runtime, SmolRuntime,
 };
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 /// How long the server waits for a client before giving up.
 const PATIENCE: Duration = Duration::from_secs(10);

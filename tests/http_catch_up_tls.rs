@@ -18,12 +18,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::redis_server::{TempDir, TestCerts};
+use synapse_replication::config::{StreamWriters, TlsConfig};
 use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent};
-use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, HttpCatchUpError, SmolRuntime, TlsConfig,
-};
+use synapse_replication::transport::{CatchUpSource, HttpCatchUp, HttpCatchUpError, SmolRuntime};
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 /// Answers the catch-up endpoint over TLS when the bearer token is right,
 /// 403 otherwise; prints its port, then serves until killed.

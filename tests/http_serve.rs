@@ -24,6 +24,7 @@ use synapse_replication::positions::BoxError;
 
 use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
+use synapse_replication::config::InstanceLocation;
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
@@ -32,7 +33,6 @@ use synapse_replication::transport::{
     SmolRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::InstanceLocation;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;

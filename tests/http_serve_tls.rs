@@ -24,15 +24,15 @@ use std::time::Duration;
 use synapse_replication::positions::BoxError;
 
 use common::redis_server::{TempDir, TestCerts};
+use synapse_replication::config::{InstanceLocation, TlsConfig};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpServer, HttpServerConfig, HttpServerTls,
-    HttpServerTlsError, SmolRuntime, TlsConfig,
+    HttpServerTlsError, SmolRuntime,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::InstanceLocation;
 
 const SECRET: &str = "s3cret";
 const INSTANCE: &str = "rust1";

@@ -41,13 +41,14 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use serde_json::json;
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, Writer,
 };
 use synapse_replication::wire::{
     Command, InstanceName, LostRdata, RawRow, Rdata, RdataToken, StreamName, Token,
 };
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 const NAMES: [&str; 4] = ["master", "w1", "w2", "f1"];
 

@@ -22,11 +22,11 @@ use common::faults::Warnings;
 use common::nodes::{Logs, Node, Process, Rt, row, run_for, run_until};
 use common::proxy::Proxy;
 use common::redis_server::RedisServer;
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::resp::Frame;
 use synapse_replication::session::{RedisError, RedisLink, RedisSession, RedisSessionConfig};
-use synapse_replication::transport::{RedisClientConfig, RedisConfig, SmolRuntime};
+use synapse_replication::transport::{RedisClientConfig, SmolRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 /// Stops a test that would hang; never reached when things work.
 const PATIENCE: Duration = Duration::from_secs(30);

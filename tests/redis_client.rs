@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 
 use bytes::Bytes;
 use common::nodes::{Process, run_for, run_until};
@@ -28,11 +29,10 @@ use synapse_replication::positions::{
 };
 use synapse_replication::session::{Disconnect, RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    BoxFuture, CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, SmolRuntime,
-    TokioRuntime, async_trait,
+    BoxFuture, CatchUpSource, RedisClient, RedisClientConfig, Runtime, SmolRuntime, TokioRuntime,
+    async_trait,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "test.example";
 /// Stops a test that would hang; never reached when things work.
@@ -1293,7 +1293,7 @@ fn over_tls_and_over_a_unix_socket() {
     on_both_runtimes(|runtime| {
         Box::pin(async move {
             let server = RedisServer::options().tls().start();
-            let mut tls = synapse_replication::transport::TlsConfig::default();
+            let mut tls = synapse_replication::config::TlsConfig::default();
             tls.ca_file = Some(server.certs().ca.clone());
             let url = format!("rediss://127.0.0.1:{}", server.tls_port());
             let over_tls = RedisConfig::from_url(&url).expect("a URL").with_tls(tls);

@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures::io::{AsyncReadExt, AsyncWriteExt};
+use synapse_replication::config::{Endpoint, RedisConfig, SynapseRedisConfig, TlsConfig};
 use synapse_replication::resp::{Credentials, Frame, RespDecoder, encode_auth, encode_command};
-use synapse_replication::transport::{
-    BoxConnection, RedisConfig, RedisEndpoint, Runtime, SmolRuntime, SynapseRedisConfig, TlsConfig,
-};
+use synapse_replication::transport::{BoxConnection, Dial, Runtime, SmolRuntime};
 
 use common::redis_server::{RedisServer, TempDir};
 
@@ -143,10 +142,7 @@ fn unix_socket_on_smol() {
     let server = RedisServer::options().unix_socket().start();
     let url = format!("unix://{}?db=1", server.unix_socket().display());
     let config = RedisConfig::from_url(&url).expect("a valid url");
-    assert_eq!(
-        config.endpoint(),
-        &RedisEndpoint::Unix(server.unix_socket())
-    );
+    assert_eq!(config.endpoint(), &Endpoint::Unix(server.unix_socket()));
     block_on(connect_and_ping(&config, &SmolRuntime)).expect("ping over the socket");
 
     let section = synapse_section(serde_json::json!({
@@ -203,7 +199,7 @@ fn tls_with_the_right_ca() {
     let mut tls = TlsConfig::default();
     tls.ca_path = Some(ca_dir.path().to_owned());
     let config = RedisConfig::tcp("127.0.0.1", server.tls_port())
-        .with_auth(synapse_replication::session::RedisAuth {
+        .with_auth(synapse_replication::config::RedisAuth {
             username: None,
             password: "pw".to_owned(),
         })

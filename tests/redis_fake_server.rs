@@ -15,12 +15,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 use synapse_replication::session::Disconnect;
 
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::RespError;
 use synapse_replication::session::{RedisError, RedisEvent, RedisLink, RedisSession};
-use synapse_replication::transport::{RedisClient, RedisClientConfig, RedisConfig, SmolRuntime};
+use synapse_replication::transport::{RedisClient, RedisClientConfig, SmolRuntime};
 use synapse_replication::wire::InstanceName;
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "fake.example";
 

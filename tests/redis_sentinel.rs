@@ -26,17 +26,16 @@ use synapse_replication::session::{RedisEvent, SentinelEvent};
 use bytes::{Bytes, BytesMut};
 use common::nodes::{Process, run_until};
 use common::redis_server::{RedisServer, TempDir};
+use synapse_replication::config::{AllowedMasters, RedisAuth, RedisConfig, StreamWriters};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, RowSource, Writer};
 use synapse_replication::resp::{Frame, RespDecoder, encode_command};
-use synapse_replication::session::AllowedMasters;
 use synapse_replication::session::{
-    DiscoveryError, MasterAddr, NodeRole, RedisAuth, RedisSession, SentinelError,
+    DiscoveryError, MasterAddr, NodeRole, RedisSession, SentinelError,
 };
 use synapse_replication::transport::{
-    CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, SmolRuntime, async_trait,
+    CatchUpSource, RedisClient, RedisClientConfig, Runtime, SmolRuntime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "test.example";
 const SERVICE: &str = "mymaster";

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::encode_command;
 use synapse_replication::session::{RedisLink, RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{CommandKind, InstanceName, StreamName};
-use synapse_replication::writers::StreamWriters;
 
 /// Keeps every counter and gauge by its name and sorted labels.
 #[derive(Default)]

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
+use synapse_replication::config::RedisAuth;
 use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowSource};
 use synapse_replication::resp::{self, Frame, Limits, RespError};
 use synapse_replication::session::RedisLink::{Publisher, Subscriber};
 use synapse_replication::session::{
-    RedisAuth, RedisError, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
+    RedisError, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
 };
 use synapse_replication::wire::{Command, CommandKind, InstanceName, RawRow, StreamName, Token};
 

@@ -25,19 +25,18 @@ use synapse_replication::session::{SentinelEvent, TcpClientEvent};
 use bytes::Bytes;
 use common::redis_server::RedisServer;
 use common::redis_session::{PREFIX, redis_session, registry};
+use synapse_replication::config::{
+    RedisAuth, RedisConfig, StreamWriters, SynapseConfig, SynapseRedisConfig,
+};
 use synapse_replication::positions::CatchUpEndpoint;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
-    DiscoveryStep, RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig,
-    SentinelDiscovery, SentinelTarget, SentinelWatch, TcpClientSession, TcpServerEvent,
-    TcpServerSession,
+    DiscoveryStep, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SentinelDiscovery,
+    SentinelTarget, SentinelWatch, TcpClientSession, TcpServerEvent, TcpServerSession,
 };
-use synapse_replication::transport::{
-    RedisClient, RedisConfig, SmolRuntime, SynapseConfig, SynapseRedisConfig, TcpClient, TcpServer,
-};
+use synapse_replication::transport::{RedisClient, SmolRuntime, TcpClient, TcpServer};
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token, UserIp};
-use synapse_replication::writers::StreamWriters;
 
 const PASSWORD: &str = "hunter2-password";
 const TOKEN: &str = "syt_secret_token";
@@ -248,7 +247,7 @@ fn configs_and_credentials_hide_the_password() {
         format!("redis://:{PASSWORD}%zz@host"),
     ] {
         let error = RedisConfig::from_url(&bad).expect_err("an invalid url");
-        assert_hidden("RedisConfigError", &error);
+        assert_hidden("ConfigError", &error);
         assert!(!error.to_string().contains(PASSWORD), "{error}");
     }
 
@@ -686,8 +685,8 @@ fn sentinel_and_synapse_configs_hide_every_secret() {
     );
     let error = RedisConfig::from_url(&format!("{}&unknown=1", sentinel_url()))
         .expect_err("an unknown parameter");
-    assert_hidden("RedisConfigError", &error);
-    assert_text_hidden("RedisConfigError's Display", &error.to_string());
+    assert_hidden("ConfigError", &error);
+    assert_text_hidden("ConfigError's Display", &error.to_string());
 
     let mut section = SynapseRedisConfig::default();
     section.enabled = true;
@@ -717,8 +716,8 @@ fn sentinel_and_synapse_configs_hide_every_secret() {
             "worker_replication_secret_path": "/nonexistent"}}"#
     ))
     .expect_err("both secrets");
-    assert_hidden("SynapseConfigError", &error);
-    assert_text_hidden("SynapseConfigError's Display", &error.to_string());
+    assert_hidden("ConfigError", &error);
+    assert_text_hidden("ConfigError's Display", &error.to_string());
 }
 
 #[test]

@@ -46,9 +46,10 @@ use std::time::{Duration, Instant};
 use common::faults::{Rng, vm_rss_kib};
 use common::nodes::{Logs, Node, Rt, row, run_for, run_until};
 use common::redis_server::RedisServer;
+use synapse_replication::config::RedisConfig;
 use synapse_replication::resp::Frame;
 use synapse_replication::session::RedisError;
-use synapse_replication::transport::{RedisClientConfig, RedisConfig, SmolRuntime};
+use synapse_replication::transport::{RedisClientConfig, SmolRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
 
 /// How long recovering after the last fault may take before the test is

@@ -44,16 +44,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::synapse::{SynapseRig, segment, synapse_python};
 use serde_json::{Value, json};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{Follower, FollowerEvent, RowSource, Writer};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{CachesRow, EventsRowData, Row, StreamRow};
 use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, RedisClient, RedisConfig, Runtime, SmolRuntime,
+    CatchUpSource, HttpCatchUp, RedisClient, Runtime, SmolRuntime,
 };
 use synapse_replication::wire::{
     Command, CommandKind, InstanceName, RawRow, RdataToken, StreamName, Token, UserSync,
 };
-use synapse_replication::writers::StreamWriters;
 
 const NON_ASCII: &str = "héllo ✓ 🐈";
 

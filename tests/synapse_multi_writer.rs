@@ -52,14 +52,12 @@ use std::time::{Duration, Instant};
 
 use common::synapse::SynapseDeployment;
 use serde_json::{Value, json};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent, RowSource, Writer};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{EventsRowData, Row};
-use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, RedisClient, RedisConfig, SmolRuntime,
-};
+use synapse_replication::transport::{CatchUpSource, HttpCatchUp, RedisClient, SmolRuntime};
 use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName};
-use synapse_replication::writers::StreamWriters;
 
 /// How long any one expected thing may take to happen.
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use common::federation::{FederatingRig, free_port};
 use common::synapse::{SynapseRig, segment};
 use serde_json::{Value, json};
-use synapse_replication::transport::SynapseConfig;
+use synapse_replication::config::SynapseConfig;
 use synapse_replication::wire::Token;
 
 const INSTANCE: &str = "rust1";

@@ -24,12 +24,10 @@ use std::time::{Duration, Instant};
 
 use common::synapse::{SynapseRig, segment};
 use serde_json::{Value, json};
+use synapse_replication::config::{InstanceLocation, SynapseConfig};
 use synapse_replication::positions::{CatchUpId, CatchUpRequest};
-use synapse_replication::transport::{
-    CatchUpSource, HttpCatchUp, HttpCatchUpError, SmolRuntime, SynapseConfig,
-};
+use synapse_replication::transport::{CatchUpSource, HttpCatchUp, HttpCatchUpError, SmolRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
-use synapse_replication::writers::InstanceLocation;
 
 const INSTANCE: &str = "rust1";
 

@@ -199,13 +199,13 @@ fn sentinel_command(line: &str) -> Result<synapse_replication::wire::Command, St
 fn run(args: &Args) -> ExitCode {
     use std::sync::Arc;
 
+    use synapse_replication::config::{RedisConfig, StreamWriters};
     use synapse_replication::positions::{Follower, Writer};
     use synapse_replication::session::RedisSession;
     use synapse_replication::transport::{
-        RedisClient, RedisClientConfig, RedisConfig, SmolRuntime, TokioRuntime,
+        RedisClient, RedisClientConfig, SmolRuntime, TokioRuntime,
     };
     use synapse_replication::wire::InstanceName;
-    use synapse_replication::writers::StreamWriters;
 
     let sentinel = match sentinel_command(&args.sentinel) {
         Ok(command) => command,

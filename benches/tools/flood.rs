@@ -302,9 +302,10 @@ fn report(via: &str, published: usize, seconds: f64, cpu: f64, mean: f64) -> io:
 fn run_crate(args: &Args, items: Vec<mix::Item>) -> io::Result<()> {
     use std::time::Instant;
 
+    use synapse_replication::config::RedisConfig;
     use synapse_replication::positions::{Follower, Writer};
     use synapse_replication::session::{RedisLink, RedisSession};
-    use synapse_replication::transport::{RedisClient, RedisConfig, SmolRuntime};
+    use synapse_replication::transport::{RedisClient, SmolRuntime};
     use synapse_replication::wire::{Command, InstanceName, Token};
 
     // The mean line length, for the report (computed before the items are

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::Writer;
 use synapse_replication::resp::Frame;
 use synapse_replication::wire::{
     Command, FederationAck, InstanceName, LockReleased, RawRow, StreamName, Token, UserIp, UserSync,
 };
-use synapse_replication::writers::StreamWriters;
 
 /// The token every stream starts at.
 pub const START: i64 = 1_000_000;

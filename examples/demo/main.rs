@@ -80,6 +80,7 @@ use synapse_replication::positions::BoxError;
 use bytes::Bytes;
 use smol::LocalExecutor;
 use smol::channel::{Receiver, Sender};
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Writer,
 };
@@ -88,10 +89,9 @@ use synapse_replication::session::{
     TcpServerSession,
 };
 use synapse_replication::transport::{
-    BoxFuture, CatchUpSource, RedisClient, RedisConfig, SmolRuntime, TcpClient, TcpServer,
+    BoxFuture, CatchUpSource, RedisClient, SmolRuntime, TcpClient, TcpServer,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 use scaffold::{Observer, Report, Transport, count_rows, log_tips};
 

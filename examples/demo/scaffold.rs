@@ -14,9 +14,9 @@ use bytes::BytesMut;
 use smol::Timer;
 use smol::channel::{Receiver, Sender};
 use smol::io::{AsyncReadExt, AsyncWriteExt};
+use synapse_replication::config::RedisConfig;
 use synapse_replication::positions::{CatchUpRequest, RowSource};
 use synapse_replication::resp::{self, Frame};
-use synapse_replication::transport::RedisConfig;
 use synapse_replication::wire::{StreamName, Token};
 
 use super::{BACK_AFTER, CUT_AFTER, Log, Result, STREAMS, ToMaster};

@@ -42,7 +42,7 @@ mod writer;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use synapse_replication::transport::SynapseConfig;
+use synapse_replication::config::SynapseConfig;
 
 const USAGE: &str = "usage: typing_writer [--config FILE.json] [--server-name NAME] \
 --instance NAME [--redis HOST:PORT] --listen HOST:PORT --homeserver http://HOST:PORT \

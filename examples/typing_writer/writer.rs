@@ -23,12 +23,13 @@ use synapse_replication::session::RedisEvent;
 
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt};
 use serde_json::{Value, json};
+use synapse_replication::config::SynapseConfig;
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     CatchUpSource, CommandSender, HttpRequest, HttpResponse, HttpServer, HttpServerCounters,
-    RedisClient, SmolRuntime, SynapseConfig, async_trait,
+    RedisClient, SmolRuntime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 

@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{
     CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, RejectReason,
     RowSource,
@@ -32,7 +33,7 @@ use synapse_replication::positions::{
 use synapse_replication::wire::{
     Command, InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token,
 };
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 const STREAMS: [&str; 5] = ["events", "typing", "caches", "receipts", "org.example.x"];
 const WRITERS: [&str; 8] = ["w1", "w2", "w3", "master", "me", "evil", "c1", "c2"];
@@ -179,7 +180,11 @@ impl Harness {
                     token,
                 } => {
                     let key = (stream.clone(), writer.clone());
-                    let below = self.positions.get(&key).copied().filter(|last| token < *last);
+                    let below = self
+                        .positions
+                        .get(&key)
+                        .copied()
+                        .filter(|last| token < *last);
                     if let Some(last) = below {
                         assert!(
                             self.claimed.contains(&key),
@@ -248,7 +253,10 @@ impl Harness {
                 },
                 FollowerEvent::Forgotten { stream, writer, .. } => {
                     let key = (stream, writer);
-                    assert!(!self.catch_ups.contains_key(&key), "forgotten while caught up");
+                    assert!(
+                        !self.catch_ups.contains_key(&key),
+                        "forgotten while caught up"
+                    );
                     assert!(!self.registry.is_configured(&key.0, &key.1));
                     self.forget(&key);
                 }

@@ -27,17 +27,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use synapse_replication::config::{RedisAuth, StreamWriters};
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
 use synapse_replication::resp::{self, Frame, Incoming, Limits};
 use synapse_replication::session::{
-    RedisAuth, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
+    RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
 };
 use synapse_replication::wire::{
     self, Command, CommandKind, InstanceName, RawRow, StreamName, Token,
 };
-use synapse_replication::writers::StreamWriters;
 
 const PREFIX: &str = "example.com";
 const USER_IP_CHANNEL: &str = "example.com/USER_IP";

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
@@ -22,7 +23,6 @@ use synapse_replication::session::{
     TcpClientEvent, TcpClientId, TcpClientSession, ConnectionState, TcpServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 const MAX_LINE: usize = 128;
 

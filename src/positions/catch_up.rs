@@ -43,7 +43,7 @@ impl fmt::Display for CatchUpId {
 ///
 /// Synapse serves this over HTTP on the writer's replication listener (its
 /// address is the writer's `instance_map` entry, see
-/// [`StreamWriters::location`](crate::writers::StreamWriters::location)):
+/// [`StreamWriters::location`](crate::config::StreamWriters::location)):
 /// `GET` [`path`](CatchUpRequest::path) with
 /// `Authorization: Bearer <worker_replication_secret>`, answering
 /// `{"updates": [[token, row], ...], "upto_token": N, "limited": bool}`,

@@ -20,7 +20,7 @@
 //! use std::time::Instant;
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
 //! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-//! use synapse_replication::writers::StreamWriters;
+//! use synapse_replication::config::StreamWriters;
 //!
 //! let registry = Arc::new(StreamWriters::default());
 //! let now = Instant::now();

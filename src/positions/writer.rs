@@ -663,7 +663,7 @@ mod tests {
     #[test]
     fn a_writer_with_a_history_keeps_what_it_writes() {
         use crate::positions::{CatchUpId, CatchUpRequest};
-        let registry = std::sync::Arc::new(crate::writers::StreamWriters::default());
+        let registry = std::sync::Arc::new(crate::config::StreamWriters::default());
         let history = Arc::new(Mutex::new(History::new(10)));
         let mut writer =
             Writer::new(InstanceName::master(), registry).with_history(history.clone());
@@ -703,7 +703,7 @@ mod tests {
     #[test]
     fn timeouts_move_forward() {
         let t0 = Instant::now();
-        let registry = std::sync::Arc::new(crate::writers::StreamWriters::default());
+        let registry = std::sync::Arc::new(crate::config::StreamWriters::default());
         let mut w = Writer::new(InstanceName::master(), registry);
         w.request_replicate(t0);
         assert_eq!(w.poll_timeout(), None, "disconnected");

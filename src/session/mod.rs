@@ -7,8 +7,8 @@
 //! [`TcpServerSession`] a process serving the streams it writes to many
 //! clients. They take bytes and the current time in and give back events,
 //! bytes to write and the next deadline; they open no socket, read no
-//! clock and spawn no task. The async drivers in
-//! [`transport`](crate::transport) move their bytes over real sockets.
+//! clock and spawn no task. The async drivers in `transport` move their
+//! bytes over real sockets.
 //!
 //! Every session takes input the same way: `handle_input(<which
 //! connection>, &bytes, now)` (a [`TcpClientSession`] has one connection, so
@@ -24,7 +24,7 @@
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
 //! use synapse_replication::session::{TcpClientEvent, TcpClientId, TcpClientSession, TcpServerSession};
 //! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-//! use synapse_replication::writers::StreamWriters;
+//! use synapse_replication::config::StreamWriters;
 //!
 //! let registry = Arc::new(StreamWriters::default());
 //! let now = Instant::now();
@@ -104,12 +104,12 @@ mod tcp;
 pub use error::{Disconnect, SendError};
 
 pub use redis::{
-    CommandCounts, RedisAuth, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink,
-    RedisSession, RedisSessionConfig, RedisStats,
+    CommandCounts, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink, RedisSession,
+    RedisSessionConfig, RedisStats,
 };
 pub use sentinel::{
-    AllowListError, AllowedMasters, DiscoveryError, DiscoveryStep, MasterAddr, NodeRole,
-    SentinelDiscovery, SentinelError, SentinelEvent, SentinelTarget, SentinelWatch, WatchEvent,
+    DiscoveryError, DiscoveryStep, MasterAddr, NodeRole, SentinelDiscovery, SentinelError,
+    SentinelEvent, SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 pub use tcp::{

@@ -13,11 +13,11 @@
 //! # #[cfg(feature = "runtime-smol")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
+//! use synapse_replication::config::StreamWriters;
 //! use synapse_replication::positions::{Follower, FollowerEvent};
 //! use synapse_replication::session::{TcpClientEvent, TcpClientSession};
 //! use synapse_replication::transport::{SmolRuntime, TcpClient};
 //! use synapse_replication::wire::InstanceName;
-//! use synapse_replication::writers::StreamWriters;
 //!
 //! let follower = Follower::new(InstanceName::from("worker1"), Arc::new(StreamWriters::default()));
 //! let session = TcpClientSession::new("example.com", follower)?;
@@ -59,35 +59,24 @@
 //!
 //! # Reaching Redis
 //!
-//! [`RedisConfig`] says where Redis is and how to reach it, read from a
-//! URL (`redis://`, `rediss://`, `unix://`) or from Synapse's `redis:`
-//! config section ([`SynapseRedisConfig`]); [`RedisConfig::connect`] opens
-//! the byte stream over TCP, a Unix socket, or TLS (feature `tls`, rustls),
-//! which never falls back to plaintext.
+//! [`RedisConfig`](crate::config::RedisConfig) (in
+//! [`config`](crate::config)) says where Redis is and how to reach it,
+//! read from a URL (`redis://`, `rediss://`, `unix://`) or from Synapse's
+//! `redis:` config section; [`Dial::connect`] opens the byte stream over
+//! TCP, a Unix socket, or TLS (feature `tls`, rustls), which never falls
+//! back to plaintext. The same dialer opens HTTP catch-up's connections,
+//! to an `instance_map` [`Endpoint`](crate::config::Endpoint).
 
 mod catch_ups;
 mod command_queue;
-mod dial;
-#[cfg(feature = "http-catch-up")]
-mod http_catch_up;
-#[cfg(feature = "http-server")]
-mod http_serve;
 #[cfg(any(feature = "http-catch-up", feature = "http-server"))]
-mod hyper_io;
-#[cfg(feature = "tls")]
-mod pem;
+mod http;
+mod net;
 mod redis;
-mod redis_config;
 mod runtime;
 mod sentinel;
-#[cfg(feature = "runtime-smol")]
-mod smol;
-mod socket;
-mod synapse_config;
 mod tcp_client;
 mod tcp_server;
-#[cfg(feature = "runtime-tokio")]
-mod tokio;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -96,33 +85,28 @@ pub use async_trait::async_trait;
 
 use crate::positions::{BoxError, CatchUpPage, CatchUpRequest};
 
-pub use dial::TlsConfig;
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
-pub use http_catch_up::{HttpCatchUp, HttpCatchUpError};
+pub use http::catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg(feature = "http-server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
-pub use http_serve::{
+pub use http::server::{
     HttpRequest, HttpResponse, HttpServer, HttpServerConfig, HttpServerCounters, HttpServerTls,
     HttpServerTlsError,
 };
+pub use net::dial::Dial;
 pub use redis::{RedisClient, RedisClientConfig};
-pub use redis_config::{
-    DEFAULT_SENTINEL_PORT, RedisConfig, RedisConfigError, RedisEndpoint, SentinelConfig,
-    SynapseRedisConfig,
-};
-pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 #[cfg(feature = "runtime-smol")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-smol")))]
-pub use smol::SmolRuntime;
-pub use synapse_config::{SynapseConfig, SynapseConfigError};
+pub use runtime::smol::SmolRuntime;
+pub use runtime::{BoxConnection, BoxFuture, Connection, Listener, Runtime};
 
 pub use command_queue::{CommandSendError, CommandSender, Queued};
-pub use tcp_client::{TcpClient, TcpClientConfig};
-pub use tcp_server::{TcpServer, TcpServerConfig};
 #[cfg(feature = "runtime-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "runtime-tokio")))]
-pub use tokio::TokioRuntime;
+pub use runtime::tokio::TokioRuntime;
+pub use tcp_client::{TcpClient, TcpClientConfig};
+pub use tcp_server::{TcpServer, TcpServerConfig};
 
 /// Where a follower's missed rows come from: answers a
 /// [`CatchUpRequest`] with one page of rows.

@@ -21,12 +21,12 @@ use crate::writers::WriterRegistry;
 
 use super::catch_ups::CatchUps;
 use super::command_queue::{CommandQueue, CommandSender, Queued};
-use super::redis_config::{RedisConfig, RedisConfigError};
+use super::net::dial::Dial;
+use super::net::socket::{Link, Timer};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelWatcher};
-use super::socket::{Link, Timer};
-use super::synapse_config::SynapseConfig;
 use super::{Backoff, CatchUpSource};
+use crate::config::{ConfigError, RedisConfig, SynapseConfig};
 use crate::session::MasterAddr;
 
 /// Passes of a driver's poll before it yields to the executor.
@@ -44,8 +44,6 @@ pub struct RedisClientConfig {
     /// A connection that was up for this long resets its delay (5 s), so
     /// that a server that accepts and then drops clients is not hammered.
     pub stable_after: Duration,
-    /// Give up a connection attempt after this long (10 s).
-    pub connect_timeout: Duration,
     /// The first delay before asking a failed catch-up again (500 ms,
     /// doubling to `max_backoff`).
     pub catch_up_backoff: Duration,
@@ -68,7 +66,6 @@ impl Default for RedisClientConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             stable_after: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(10),
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 256 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
@@ -89,13 +86,11 @@ enum State {
     Start,
     Connecting {
         connect: BoxFuture<'static, io::Result<BoxConnection>>,
-        timeout: BoxFuture<'static, ()>,
     },
     /// Asking the sentinels where the master is (sentinel configurations
     /// only).
     Searching {
         search: Box<MasterSearch>,
-        timeout: BoxFuture<'static, ()>,
     },
     Connected(Box<Live>),
     Waiting(BoxFuture<'static, ()>),
@@ -137,9 +132,10 @@ struct Slot {
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use synapse_replication::config::SynapseConfig;
 /// use synapse_replication::positions::FollowerEvent;
 /// use synapse_replication::session::RedisEvent;
-/// use synapse_replication::transport::{RedisClient, SmolRuntime, SynapseConfig};
+/// use synapse_replication::transport::{RedisClient, SmolRuntime};
 ///
 /// let synapse = SynapseConfig::from_json(
 ///     r#"{"server_name": "example.com", "redis": {"enabled": true}}"#,
@@ -213,17 +209,17 @@ impl<R: Runtime> RedisClient<R> {
     /// ([`RedisClient::handle_catch_up`]). [`RedisClient::with_catch_up`]
     /// gives another source.
     ///
-    /// Fails with [`RedisConfigError::Disabled`] when the deployment does
+    /// Fails with [`ConfigError::Disabled`] when the deployment does
     /// not use Redis.
     pub fn follow(
         runtime: R,
         synapse: &SynapseConfig,
         name: impl Into<InstanceName>,
-    ) -> Result<RedisClient<R>, RedisConfigError>
+    ) -> Result<RedisClient<R>, ConfigError>
     where
         R: Clone,
     {
-        let config = synapse.redis().ok_or(RedisConfigError::Disabled)?.clone();
+        let config = synapse.redis().ok_or(ConfigError::Disabled)?.clone();
         let name = name.into();
         let mut options = config.session_config(synapse.server_name());
         options.client_name = Some(name.to_string());
@@ -304,8 +300,9 @@ impl<R: Runtime> RedisClient<R> {
     /// # #[cfg(feature = "runtime-smol")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::{Arc, Mutex};
+    /// use synapse_replication::config::SynapseConfig;
     /// use synapse_replication::positions::{History, HistoryMode};
-    /// use synapse_replication::transport::{RedisClient, SmolRuntime, SynapseConfig};
+    /// use synapse_replication::transport::{RedisClient, SmolRuntime};
     /// use synapse_replication::wire::StreamName;
     ///
     /// let synapse = SynapseConfig::from_json(
@@ -648,17 +645,14 @@ impl<R: Runtime> RedisClient<R> {
                     slot.state = State::Idle;
                     return false;
                 }
-                let deadline = now + self.options.connect_timeout;
                 if let Some(search) = MasterSearch::new(&self.config, self.first_sentinel) {
                     slot.state = State::Searching {
                         search: Box::new(search),
-                        timeout: self.runtime.sleep_until(deadline),
                     };
                     return true;
                 }
                 slot.state = State::Connecting {
                     connect: self.config.connect(&self.runtime),
-                    timeout: self.runtime.sleep_until(deadline),
                 };
                 true
             }
@@ -669,16 +663,10 @@ impl<R: Runtime> RedisClient<R> {
                 slot.state = State::Start;
                 true
             }
-            State::Connecting { connect, timeout } => {
+            State::Connecting { connect } => {
                 let result = match connect.as_mut().poll(cx) {
                     Poll::Ready(result) => result,
-                    Poll::Pending => match timeout.as_mut().poll(cx) {
-                        Poll::Ready(()) => Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "connection attempt timed out",
-                        )),
-                        Poll::Pending => return false,
-                    },
+                    Poll::Pending => return false,
                 };
                 match result {
                     Ok(io) => {
@@ -711,16 +699,10 @@ impl<R: Runtime> RedisClient<R> {
                 }
                 true
             }
-            State::Searching { search, timeout } => {
+            State::Searching { search } => {
                 let result = match search.poll(cx, &self.runtime) {
                     Poll::Ready(result) => result,
-                    Poll::Pending => match timeout.as_mut().poll(cx) {
-                        Poll::Ready(()) => Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "finding the master through the sentinels timed out",
-                        )),
-                        Poll::Pending => return false,
-                    },
+                    Poll::Pending => return false,
                 };
                 match result {
                     Ok(found) => self.found_master(link, found, now),

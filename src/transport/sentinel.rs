@@ -18,9 +18,9 @@ use crate::session::sentinel::{
 };
 
 use super::Backoff;
-use super::dial;
-use super::redis_config::{RedisConfig, RedisEndpoint};
+use super::net::dial;
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::config::{Endpoint, RedisConfig};
 
 /// The master a [`MasterSearch`] found, and the connection that checked
 /// its role.
@@ -229,7 +229,7 @@ impl MasterSearch {
                 }
             }
             SentinelTarget::Master(master) => {
-                let endpoint = RedisEndpoint::Tcp {
+                let endpoint = Endpoint::Tcp {
                     host: master.host.clone(),
                     port: master.port,
                 };
@@ -327,7 +327,7 @@ impl SentinelWatcher {
         }
     }
 
-    fn endpoint(&self) -> RedisEndpoint {
+    fn endpoint(&self) -> Endpoint {
         self.config
             .sentinel_config()
             .and_then(|s| s.sentinel(self.index))

@@ -19,8 +19,8 @@ use crate::wire::{Command, CommandKind, InstanceName, Side, StreamName, Token};
 
 use super::catch_ups::CatchUps;
 use super::command_queue::{CommandQueue, CommandSender, Queued};
+use super::net::socket::{BUDGET, Link, Timer};
 use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::socket::{BUDGET, Link, Timer};
 use super::{Backoff, CatchUpSource};
 
 /// Options of a [`TcpClient`].

@@ -13,8 +13,8 @@ use crate::session::{
     ConnectionState, Disconnect, TcpClientId, TcpError, TcpServerEvent, TcpServerSession,
 };
 
+use super::net::socket::{BUDGET, Link, Timer};
 use super::runtime::{BoxFuture, Listener, Runtime};
-use super::socket::{BUDGET, Link, Timer};
 
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ struct ServerLink {
 /// use synapse_replication::session::TcpServerSession;
 /// use synapse_replication::transport::{SmolRuntime, TcpServer};
 /// use synapse_replication::wire::{InstanceName, StreamName, Token};
-/// use synapse_replication::writers::StreamWriters;
+/// use synapse_replication::config::StreamWriters;
 ///
 /// let mut writer = Writer::new(InstanceName::master(), Arc::new(StreamWriters::default()));
 /// writer.advance(&StreamName::Caches, Token(0))?;

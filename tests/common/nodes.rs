@@ -20,13 +20,14 @@ use std::task::Poll;
 use std::time::Duration;
 use synapse_replication::positions::{BoxError, FollowerEvent};
 
+use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{Disconnect, RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
-    CatchUpSource, RedisClient, RedisClientConfig, RedisConfig, Runtime, async_trait,
+    CatchUpSource, RedisClient, RedisClientConfig, Runtime, async_trait,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 /// The channel prefix (the deployment's server name).
 pub const PREFIX: &str = "test.example";

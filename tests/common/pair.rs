@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
 use synapse_replication::session::{
     ConnectionState, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerEvent,
     TcpServerSession, TcpSessionConfig,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 /// The server name both sides use by default.
 pub const SERVER_NAME: &str = "example.com";

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::session::{RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
-use synapse_replication::writers::StreamWriters;
 
 /// The channel prefix (the deployment's server name).
 pub const PREFIX: &str = "example.com";

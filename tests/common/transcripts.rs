@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use serde_json::json;
+use synapse_replication::config::StreamWriters;
 use synapse_replication::wire::InstanceName;
-use synapse_replication::writers::{StreamWriters, WriterRegistry};
+use synapse_replication::writers::WriterRegistry;
 
 /// master, w1, w2 (events and receipts), w3 (typing); Redis, so every
 /// process writes `caches`.

@@ -1,31 +1,12 @@
-//! Where a Redis session connects and how: [`RedisSessionConfig`],
-//! [`RedisAuth`], [`RedisLink`].
+//! How a Redis session talks to Redis: [`RedisSessionConfig`],
+//! [`RedisLink`]. (The credentials, [`RedisAuth`], are configuration.)
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::resp;
+use crate::config::RedisAuth;
+use crate::resp::{self};
 use crate::wire::Decoder;
-
-/// A password for Redis, and the ACL user it belongs to (none: Redis'
-/// `default` user, the `requirepass` password). Its [`Debug`] output hides
-/// the password, so it can be logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisAuth {
-    /// The ACL user (Redis 6 and later); none for `requirepass`.
-    pub username: Option<String>,
-    /// The password.
-    pub password: String,
-}
-
-impl fmt::Debug for RedisAuth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisAuth")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
 
 /// The two connections of a [`RedisSession`](crate::session::RedisSession): a RESP2 connection in
 /// subscribe mode can do nothing but (un)subscribe and `PING`, so

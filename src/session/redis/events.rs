@@ -145,7 +145,7 @@ pub enum RedisEvent {
     /// retried). Until it succeeds the client's `stuck_catch_ups` lists it.
     CatchUpStuck(StuckCatchUp),
     /// What the sentinels said (with a sentinel
-    /// [`RedisConfig`](crate::transport::RedisConfig) only): the master
+    /// [`RedisConfig`](crate::config::RedisConfig) only): the master
     /// each link found, failovers, the watch's ups and downs.
     Sentinel(SentinelEvent),
     /// A command given to a

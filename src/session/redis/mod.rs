@@ -10,7 +10,7 @@ mod events;
 mod link;
 mod stats;
 
-pub use config::{RedisAuth, RedisLink, RedisSessionConfig};
+pub use config::{RedisLink, RedisSessionConfig};
 pub use counters::{CommandCounts, RedisCounters};
 pub use error::{RedisError, RedisErrorReply};
 pub use events::RedisEvent;

@@ -34,7 +34,7 @@ pub struct RedisStats {
     pub catch_ups: usize,
     /// Counters by command kind, drops, errors, connections.
     pub counters: RedisCounters,
-    /// Commands a [`CommandSender`](crate::transport::CommandSender)
+    /// Commands a transport's `CommandSender`
     /// refused because the client's queue was full. Only the client knows:
     /// filled in by `RedisClient::stats`, 0 from
     /// [`RedisSession::stats`](super::RedisSession::stats).

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::config::Endpoint;
 use crate::session::RedisLink;
-use crate::transport::RedisEndpoint;
 
 use super::{MasterAddr, SentinelError};
 
@@ -20,15 +20,15 @@ pub enum SentinelEvent {
         /// The master.
         master: MasterAddr,
         /// The sentinel that named it.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
         /// The sentinels asked before in this round, and why they did not
         /// do (down, no such master, named a replica, ...).
-        rejected: Vec<(RedisEndpoint, SentinelError)>,
+        rejected: Vec<(Endpoint, SentinelError)>,
     },
     /// Failovers are heard through this sentinel from now on.
     Watching {
         /// The sentinel.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
     },
     /// The sentinels switched the master: links to another node are
     /// closed and connect again through discovery.
@@ -50,7 +50,7 @@ pub enum SentinelEvent {
     /// the old master drops its clients or stops answering.
     WatchLost {
         /// The sentinel.
-        sentinel: RedisEndpoint,
+        sentinel: Endpoint,
         /// Why.
         error: SentinelError,
         /// The delay before the next attempt.

@@ -3,8 +3,8 @@
 //! ([`SentinelWatch`]).
 //!
 //! What this module does not do: open sockets, read clocks, or sleep. A
-//! driver (the [`RedisClient`](crate::transport::RedisClient) with a
-//! sentinel [`RedisConfig`](crate::transport::RedisConfig), or your own)
+//! driver (the transport's `RedisClient` with a sentinel
+//! [`RedisConfig`](crate::config::RedisConfig), or your own)
 //! opens the connections a [`DiscoveryStep`] asks for, moves their bytes,
 //! and spaces rounds out with a backoff.
 //!
@@ -56,8 +56,8 @@
 //! rather than at the next keep-alive. A switch to a node outside the
 //! [`AllowedMasters`] fails the watch ([`SentinelError::NotAllowed`]):
 //! that sentinel is not listened to any more. (Spacing out the reaction
-//! to a storm of switches is the driver's part: the
-//! [`RedisClient`](crate::transport::RedisClient) acts on the first at
+//! to a storm of switches is the driver's part: the transport's
+//! `RedisClient` acts on the first at
 //! once and on the last of those that follow within a second.) It pings
 //! every
 //! [`SentinelWatch::PING_INTERVAL`] and gives the connection up when a
@@ -65,12 +65,10 @@
 //!
 //! `discovery` finds the master; `watch` hears the failovers.
 
-mod allow;
 mod discovery;
 mod events;
 mod watch;
 
-pub use allow::{AllowListError, AllowedMasters};
 pub use discovery::SentinelDiscovery;
 pub use events::SentinelEvent;
 pub use watch::{SentinelWatch, WatchEvent};
@@ -84,14 +82,11 @@ use crate::resp::{
     Credentials, Frame, Incoming, Limits, RespDecoder, RespError, encode_auth, encode_command,
 };
 
-use super::{RedisAuth, RedisErrorReply};
+use super::RedisErrorReply;
+use crate::config::{AllowedMasters, RedisAuth};
 
 /// The channel sentinels announce failovers on.
 pub const SWITCH_MASTER_CHANNEL: &str = "+switch-master";
-
-/// The most sentinels one configuration may list (a deployment has three
-/// or five).
-pub const MAX_SENTINELS: usize = 16;
 
 /// Caps on what a sentinel or a node may answer: nothing here is longer
 /// than a few hundred bytes (a master's `ROLE` lists its replicas).

@@ -34,7 +34,7 @@ pub enum TcpClientEvent {
     },
     /// What the [`Follower`](crate::positions::Follower) decided: rows to apply, positions reached,
     /// catch-ups to perform (answer with
-    /// [`TcpClientSession::handle_catch_up`]), resets, rejected commands.
+    /// [`TcpClientSession::handle_catch_up`](super::TcpClientSession::handle_catch_up)), resets, rejected commands.
     Follower(FollowerEvent),
     /// A command for the application: `REMOTE_SERVER_UP` or
     /// `LOCK_RELEASED`.
@@ -42,7 +42,7 @@ pub enum TcpClientEvent {
     /// The server reported an error (`ERROR`); it usually closes next.
     PeerError(ByteString),
     /// A valid command was received (only with
-    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
+    /// [`TcpSessionConfig::report_received`](super::TcpSessionConfig::report_received)); it is then acted on as usual.
     Received(Command),
     /// This client is closing the connection: the `ERROR` line is queued.
     /// (A [`TcpClient`](crate::transport::TcpClient) reports it as
@@ -179,7 +179,7 @@ pub enum TcpServerEvent {
         message: ByteString,
     },
     /// A valid command was received (only with
-    /// [`TcpSessionConfig::report_received`]); it is then acted on as usual.
+    /// [`TcpSessionConfig::report_received`](super::TcpSessionConfig::report_received)); it is then acted on as usual.
     Received {
         /// The client.
         client: TcpClientId,

@@ -13,7 +13,6 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::path::Path;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,14 +27,12 @@ use hyper::header::{self, HeaderValue};
 
 use crate::positions::{CatchUpPage, CatchUpPageError, CatchUpRequest};
 use crate::wire::{InstanceName, StreamName, snippet};
-use crate::writers::{InstanceLocation, StreamWriters};
 
-use super::dial::{self, TlsClient, TlsConfig};
 use super::hyper_io::HyperIo;
-use super::redis_config::RedisEndpoint;
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::synapse_config::SynapseConfig;
-use super::{BoxError, CatchUpSource};
+use crate::config::{InstanceLocation, StreamWriters, SynapseConfig, TlsCache, TlsConfig};
+use crate::transport::net::dial;
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::{BoxError, CatchUpSource};
 
 /// How long one page may take, connecting included, by default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,11 +79,11 @@ type Locate = dyn Fn(&InstanceName) -> Option<InstanceLocation> + Send + Sync;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
 /// use std::time::Duration;
+/// use synapse_replication::config::StreamWriters;
 /// use synapse_replication::positions::Follower;
 /// use synapse_replication::session::TcpClientSession;
 /// use synapse_replication::transport::{HttpCatchUp, SmolRuntime, TcpClient};
 /// use synapse_replication::wire::InstanceName;
-/// use synapse_replication::writers::StreamWriters;
 ///
 /// let writers = Arc::new(StreamWriters::from_json(r#"{
 ///     "instance_map": {"main": {"host": "127.0.0.1", "port": 9093}}
@@ -110,29 +107,28 @@ pub struct HttpCatchUp<R: Runtime> {
     max_body: usize,
 }
 
-/// How `https` writers are reached: the TLS settings, and their client,
-/// whose certificates are loaded once for every writer.
+/// How writers are reached: the dialer, with the TLS settings for
+/// `https` writers and their client, whose certificates are loaded once
+/// for every writer.
 #[derive(Default)]
 struct Https {
     tls: TlsConfig,
-    client: TlsClient,
+    cache: TlsCache,
 }
 
 impl Https {
-    /// A TLS connection to `host:port`, through the same dialer as
-    /// Redis' (`rediss://`): the `tls` feature, rustls, always verified.
-    /// The request's own time limit bounds it.
+    /// A connection to a writer's `instance_map` entry, through the same
+    /// dialer as Redis': TLS (the `tls` feature, rustls, always verified)
+    /// when the entry says `tls: true`. The request's own time limit
+    /// bounds it.
     fn connect(
         &self,
         runtime: &dyn Runtime,
-        host: &str,
-        port: u16,
+        location: &InstanceLocation,
     ) -> BoxFuture<'static, io::Result<BoxConnection>> {
-        let endpoint = RedisEndpoint::Tcp {
-            host: host.to_owned(),
-            port,
-        };
-        dial::connect(runtime, &endpoint, Some((&self.tls, &self.client)), None)
+        let tls = matches!(location, InstanceLocation::Tcp { tls: true, .. })
+            .then_some((&self.tls, &self.cache));
+        dial::connect(runtime, &location.endpoint(), tls, None)
     }
 }
 
@@ -203,7 +199,7 @@ impl<R: Runtime> HttpCatchUp<R> {
     pub fn with_tls(mut self, tls: TlsConfig) -> HttpCatchUp<R> {
         self.https = Arc::new(Https {
             tls,
-            client: TlsClient::default(),
+            cache: TlsCache::default(),
         });
         self
     }
@@ -310,38 +306,15 @@ impl<R: Runtime> Shared<R> {
                     .flatten()
             })
             .ok_or_else(|| fail.unknown_writer())?;
-        let (connect, address, host) = match &location {
-            InstanceLocation::Tcp {
-                host,
-                port,
-                tls: false,
-            } => {
+        let (address, host) = match &location {
+            InstanceLocation::Tcp { host, port, .. } => {
                 let authority = authority(host, *port);
-                (
-                    self.runtime.connect(&authority),
-                    authority.clone(),
-                    authority,
-                )
+                (authority.clone(), authority)
             }
-            InstanceLocation::Unix { path } => (
-                self.runtime.connect_unix(Path::new(path)),
-                path.clone(),
-                // HTTP/1.1 wants a Host; Synapse does not read it.
-                String::from("localhost"),
-            ),
-            InstanceLocation::Tcp {
-                host,
-                port,
-                tls: true,
-            } => {
-                let authority = authority(host, *port);
-                (
-                    https.connect(&self.runtime, host, *port),
-                    authority.clone(),
-                    authority,
-                )
-            }
+            // HTTP/1.1 wants a Host; Synapse does not read it.
+            InstanceLocation::Unix { path } => (path.clone(), String::from("localhost")),
         };
+        let connect = https.connect(&self.runtime, &location);
         let authorization = match &self.authorization {
             None => None,
             Some(Ok(value)) => Some(value.clone()),

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 use futures::io::{AsyncRead, AsyncWrite};
 use hyper::rt::ReadBufCursor;
 
-use super::runtime::BoxConnection;
+use crate::transport::runtime::BoxConnection;
 
 /// hyper's I/O traits over a `futures::io` connection. Reads go through a
 /// small buffer of our own (hyper's is uninitialised, and this crate

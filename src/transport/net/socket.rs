@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::io::{AsyncRead, AsyncWrite};
 use futures::task::{ArcWake, AtomicWaker, waker_ref};
 
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// Sleeps until the session's deadline.
 ///
@@ -20,13 +20,13 @@ use super::runtime::{BoxConnection, BoxFuture, Runtime};
 /// armed. A later deadline (a keep-alive deadline moves with every input)
 /// keeps the armed sleep, and is looked at again when that fires: a busy
 /// connection does not create and register a new timer at every wake-up.
-pub(super) struct Timer {
+pub(crate) struct Timer {
     armed: Option<Instant>,
     sleep: Option<BoxFuture<'static, ()>>,
 }
 
 impl Timer {
-    pub(super) fn new() -> Timer {
+    pub(crate) fn new() -> Timer {
         Timer {
             armed: None,
             sleep: None,
@@ -34,7 +34,7 @@ impl Timer {
     }
 
     /// Whether `deadline` has passed (registering the waker if not).
-    pub(super) fn poll(
+    pub(crate) fn poll(
         &mut self,
         runtime: &dyn Runtime,
         deadline: Instant,
@@ -77,7 +77,7 @@ impl Timer {
 }
 
 /// One socket: what is being written, and whether a flush is owed.
-pub(super) struct Link {
+pub(crate) struct Link {
     io: BoxConnection,
     out: Option<(Bytes, usize)>,
     unflushed: bool,
@@ -104,14 +104,14 @@ impl ArcWake for Readiness {
 }
 
 /// What writing achieved.
-pub(super) struct Written {
-    pub(super) progress: bool,
+pub(crate) struct Written {
+    pub(crate) progress: bool,
     /// Nothing is left to write and the socket is flushed.
-    pub(super) drained: bool,
+    pub(crate) drained: bool,
 }
 
 impl Link {
-    pub(super) fn new(io: BoxConnection) -> Link {
+    pub(crate) fn new(io: BoxConnection) -> Link {
         Link {
             io,
             out: None,
@@ -126,7 +126,7 @@ impl Link {
     /// Writes what `next` gives until the socket is full or nothing is
     /// left, then flushes. Chunks are taken only when the socket can take
     /// them, so the session's queue measures what the peer has not read.
-    pub(super) fn poll_write(
+    pub(crate) fn poll_write(
         &mut self,
         cx: &mut Context<'_>,
         mut next: impl FnMut() -> Option<Bytes>,
@@ -176,7 +176,7 @@ impl Link {
     /// the stream, or `Pending`. Only tries when the socket may have
     /// something: it last gave data, or woke the task since it said to
     /// wait (see [`Readiness`]).
-    pub(super) fn poll_read_into(
+    pub(crate) fn poll_read_into(
         &mut self,
         cx: &mut Context<'_>,
         buffer: &mut [u8],
@@ -201,13 +201,13 @@ impl Link {
         }
     }
 
-    pub(super) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_close(cx)
     }
 }
 
 /// Passes of a driver's poll before it yields to the executor.
-pub(super) const BUDGET: usize = 32;
+pub(crate) const BUDGET: usize = 32;
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,12 @@
 //! What a transport needs from an async runtime: TCP connect and listen,
 //! and timers. Object safe, so a driver can hold an `Arc<dyn Runtime>`.
+//! Implemented for smol (`smol`, feature `runtime-smol`) and tokio
+//! (`tokio`, feature `runtime-tokio`).
+
+#[cfg(feature = "runtime-smol")]
+pub(crate) mod smol;
+#[cfg(feature = "runtime-tokio")]
+pub(crate) mod tokio;
 
 use std::future::Future;
 use std::io;

@@ -1,8 +1,11 @@
-//! Redis URLs: `redis://`, `rediss://`, `unix://` and their spellings.
+//! Redis URLs: `redis://`, `rediss://`, `unix://`, `redis+sentinel://`
+//! and their spellings.
 
-use crate::session::RedisAuth;
-
-use super::{RedisConfig, RedisConfigError, TlsConfig, snippet};
+use super::endpoint::Endpoint;
+use super::error::{ConfigError, snippet};
+use super::redis::{RedisAuth, RedisConfig};
+use super::sentinel::{DEFAULT_SENTINEL_PORT, MAX_SENTINELS, parse_allowed_masters};
+use super::tls::TlsConfig;
 
 impl RedisConfig {
     /// Reads a Redis URL, in the forms redis-rs and redis-py accept:
@@ -30,24 +33,24 @@ impl RedisConfig {
     /// User names, passwords, socket paths and parameter values are
     /// percent-decoded (`%40` is `@`; `+` stays `+`). An empty password is
     /// no password.
-    pub fn from_url(url: &str) -> Result<RedisConfig, RedisConfigError> {
-        let (scheme, rest) = url.split_once(':').ok_or(RedisConfigError::MissingScheme)?;
+    pub fn from_url(url: &str) -> Result<RedisConfig, ConfigError> {
+        let (scheme, rest) = url.split_once(':').ok_or(ConfigError::MissingScheme)?;
         match scheme.to_ascii_lowercase().as_str() {
             "redis" => parse_tcp_url(rest, false),
             "rediss" => parse_tcp_url(rest, true),
             "unix" | "redis+unix" => parse_unix_url(rest),
-            "redis+sentinel" => super::sentinel::parse_sentinel_url(rest, false),
-            "rediss+sentinel" => super::sentinel::parse_sentinel_url(rest, true),
+            "redis+sentinel" => parse_sentinel_url(rest, false),
+            "rediss+sentinel" => parse_sentinel_url(rest, true),
             _ => {
                 let looks_like_scheme = !scheme.is_empty()
                     && scheme
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
                 if looks_like_scheme {
-                    Err(RedisConfigError::UnknownScheme(snippet(scheme)))
+                    Err(ConfigError::UnknownScheme(snippet(scheme)))
                 } else {
                     // Whatever came before the colon may be a password.
-                    Err(RedisConfigError::MissingScheme)
+                    Err(ConfigError::MissingScheme)
                 }
             }
         }
@@ -55,10 +58,10 @@ impl RedisConfig {
 }
 
 /// `//[userinfo@]host[:port][/db]` after `redis:` or `rediss:`.
-fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError> {
+fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, ConfigError> {
     let rest = rest
         .strip_prefix("//")
-        .ok_or(RedisConfigError::InvalidUrl("expected // after the scheme"))?;
+        .ok_or(ConfigError::InvalidUrl("expected // after the scheme"))?;
     // The last `@` ends the credentials, so that a password may hold an
     // unescaped `@`, `/` or `?`; nothing after it is ever quoted in an
     // error together with the password.
@@ -70,7 +73,7 @@ fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError>
     let (authority, tail) = rest.split_at(authority_end);
     let (host, port) = parse_authority(authority)?;
     if tail.contains('#') {
-        return Err(RedisConfigError::InvalidUrl("unexpected #fragment"));
+        return Err(ConfigError::InvalidUrl("unexpected #fragment"));
     }
     let (path, query) = match tail.split_once('?') {
         Some((path, query)) => (path, Some(query)),
@@ -79,7 +82,7 @@ fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError>
     if let Some(query) = query {
         if let Some(parameter) = query.split('&').find(|parameter| !parameter.is_empty()) {
             let name = parameter.split('=').next().unwrap_or_default();
-            return Err(RedisConfigError::UnknownParameter(snippet(name)));
+            return Err(ConfigError::UnknownParameter(snippet(name)));
         }
     }
     let database = match path.strip_prefix('/') {
@@ -110,36 +113,39 @@ fn parse_tcp_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError>
 }
 
 /// `host[:port]` or `[ipv6][:port]`.
-fn parse_authority(authority: &str) -> Result<(String, u16), RedisConfigError> {
+fn parse_authority(authority: &str) -> Result<(String, u16), ConfigError> {
     parse_authority_port(authority, RedisConfig::DEFAULT_PORT)
 }
 
 /// One `host[:port]` of a list, `port` unless given.
-pub(super) fn parse_authority_with(
-    authority: &str,
-    port: u16,
-) -> Result<super::RedisEndpoint, RedisConfigError> {
+pub(super) fn parse_authority_with(authority: &str, port: u16) -> Result<Endpoint, ConfigError> {
     let (host, port) = parse_authority_port(authority, port)?;
-    Ok(super::RedisEndpoint::Tcp { host, port })
+    Ok(Endpoint::Tcp { host, port })
 }
 
-fn parse_authority_port(
-    authority: &str,
-    default_port: u16,
-) -> Result<(String, u16), RedisConfigError> {
+fn parse_authority_port(authority: &str, default_port: u16) -> Result<(String, u16), ConfigError> {
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let (host, after) = bracketed
             .split_once(']')
-            .ok_or_else(|| RedisConfigError::InvalidHost(snippet(authority)))?;
+            .ok_or_else(|| ConfigError::InvalidHost {
+                key: None,
+                value: snippet(authority),
+            })?;
         if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(RedisConfigError::InvalidHost(snippet(host)));
+            return Err(ConfigError::InvalidHost {
+                key: None,
+                value: snippet(host),
+            });
         }
         let port = match after {
             "" => None,
             after => Some(
                 after
                     .strip_prefix(':')
-                    .ok_or_else(|| RedisConfigError::InvalidHost(snippet(authority)))?,
+                    .ok_or_else(|| ConfigError::InvalidHost {
+                        key: None,
+                        value: snippet(authority),
+                    })?,
             ),
         };
         (host, port)
@@ -148,7 +154,10 @@ fn parse_authority_port(
             Some((host, port)) => {
                 if port.contains(':') {
                     // An IPv6 literal needs brackets.
-                    return Err(RedisConfigError::InvalidHost(snippet(authority)));
+                    return Err(ConfigError::InvalidHost {
+                        key: None,
+                        value: snippet(authority),
+                    });
                 }
                 (host, Some(port))
             }
@@ -156,10 +165,13 @@ fn parse_authority_port(
         }
     };
     if host.is_empty() {
-        return Err(RedisConfigError::MissingHost);
+        return Err(ConfigError::MissingHost { key: None });
     }
     if host.contains(['%', ' ', '\\']) {
-        return Err(RedisConfigError::InvalidHost(snippet(host)));
+        return Err(ConfigError::InvalidHost {
+            key: None,
+            value: snippet(host),
+        });
     }
     let port = match port {
         None | Some("") => default_port,
@@ -168,51 +180,54 @@ fn parse_authority_port(
     Ok((host.to_owned(), port))
 }
 
-fn parse_port(port: &str) -> Result<u16, RedisConfigError> {
+fn parse_port(port: &str) -> Result<u16, ConfigError> {
     match port.parse::<u16>() {
         Ok(number) if number != 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok(number),
-        _ => Err(RedisConfigError::InvalidPort(snippet(port))),
+        _ => Err(ConfigError::InvalidPort {
+            key: None,
+            value: snippet(port),
+        }),
     }
 }
 
-pub(super) fn parse_database(database: &str) -> Result<u32, RedisConfigError> {
+fn parse_database(database: &str) -> Result<u32, ConfigError> {
     if !database.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(RedisConfigError::InvalidDatabase(snippet(database)));
+        return Err(ConfigError::InvalidDatabase(snippet(database)));
     }
     database
         .parse()
-        .map_err(|_| RedisConfigError::InvalidDatabase(snippet(database)))
+        .map_err(|_| ConfigError::InvalidDatabase(snippet(database)))
 }
 
 /// Credentials from a URL: none, a password, or a user and a password.
-pub(super) fn credentials(
+fn credentials(
     username: Option<String>,
     password: Option<String>,
-) -> Result<Option<RedisAuth>, RedisConfigError> {
+) -> Result<Option<RedisAuth>, ConfigError> {
     let username = username.filter(|username| !username.is_empty());
     let password = password.filter(|password| !password.is_empty());
     match (username, password) {
         (username, Some(password)) => Ok(Some(RedisAuth { username, password })),
-        (Some(_), None) => Err(RedisConfigError::UsernameWithoutPassword),
+        (Some(_), None) => Err(ConfigError::UsernameWithoutPassword { key: None }),
         (None, None) => Ok(None),
     }
 }
 
 /// `///path[?query]`, `//path` or `/path` after `unix:` or `redis+unix:`.
-fn parse_unix_url(rest: &str) -> Result<RedisConfig, RedisConfigError> {
+fn parse_unix_url(rest: &str) -> Result<RedisConfig, ConfigError> {
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     if rest.contains('#') {
-        return Err(RedisConfigError::InvalidUrl("unexpected #fragment"));
+        return Err(ConfigError::InvalidUrl("unexpected #fragment"));
     }
     let (path, query) = match rest.split_once('?') {
         Some((path, query)) => (path, query),
         None => (rest, ""),
     };
     if path.is_empty() {
-        return Err(RedisConfigError::MissingPath);
+        return Err(ConfigError::MissingPath);
     }
     if !path.starts_with('/') {
-        return Err(RedisConfigError::InvalidUrl(
+        return Err(ConfigError::InvalidUrl(
             "a unix url needs an absolute socket path, as in unix:///run/redis.sock",
         ));
     }
@@ -226,7 +241,7 @@ fn parse_unix_url(rest: &str) -> Result<RedisConfig, RedisConfigError> {
             "db" => database = Some(parse_database(value)?),
             "username" | "user" => username = Some(percent_decode(value, "username")?),
             "password" | "pass" => password = Some(percent_decode(value, "password")?),
-            _ => return Err(RedisConfigError::UnknownParameter(snippet(name))),
+            _ => return Err(ConfigError::UnknownParameter(snippet(name))),
         }
     }
     let mut config = RedisConfig::unix(path);
@@ -235,12 +250,108 @@ fn parse_unix_url(rest: &str) -> Result<RedisConfig, RedisConfigError> {
     Ok(config)
 }
 
+/// `//[userinfo@]host[:port][,host[:port]...]/service[/db][?params]` after
+/// `redis+sentinel:` or `rediss+sentinel:`.
+fn parse_sentinel_url(rest: &str, tls: bool) -> Result<RedisConfig, ConfigError> {
+    let rest = rest
+        .strip_prefix("//")
+        .ok_or(ConfigError::InvalidUrl("expected // after the scheme"))?;
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (rest.get(..at), rest.get(at + 1..).unwrap_or_default()),
+        None => (None, rest),
+    };
+    let hosts_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (hosts, tail) = rest.split_at(hosts_end);
+    if tail.contains('#') {
+        return Err(ConfigError::InvalidUrl("unexpected #fragment"));
+    }
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        sentinels.push(parse_authority_with(host, DEFAULT_SENTINEL_PORT)?);
+        if sentinels.len() > MAX_SENTINELS {
+            return Err(ConfigError::TooManySentinels(sentinels.len()));
+        }
+    }
+    let (path, query) = match tail.split_once('?') {
+        Some((path, query)) => (path, query),
+        None => (tail, ""),
+    };
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let (service, database) = match path.split_once('/') {
+        Some((service, "")) => (service, None),
+        Some((service, database)) => (service, Some(parse_database(database)?)),
+        None => (path, None),
+    };
+    let service = percent_decode(service, "service name")?;
+    if service.is_empty() {
+        return Err(ConfigError::MissingServiceName { key: None });
+    }
+    let auth = match userinfo {
+        None => None,
+        Some(userinfo) => {
+            let (username, password) = match userinfo.split_once(':') {
+                Some((username, password)) => (username, Some(password)),
+                None => (userinfo, None),
+            };
+            let username = percent_decode(username, "username")?;
+            let password = password
+                .map(|password| percent_decode(password, "password"))
+                .transpose()?;
+            credentials(Some(username), password)?
+        }
+    };
+    let mut sentinel_username = None;
+    let mut sentinel_password = None;
+    let mut allowed_masters = None;
+    let mut master_server_name = None;
+    for parameter in query.split('&').filter(|parameter| !parameter.is_empty()) {
+        let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
+        match name {
+            "sentinel_username" => {
+                sentinel_username = Some(percent_decode(value, "sentinel_username")?);
+            }
+            "sentinel_password" => {
+                sentinel_password = Some(percent_decode(value, "sentinel_password")?);
+            }
+            "allowed_masters" => {
+                let value = percent_decode(value, "allowed_masters")?;
+                allowed_masters = Some(parse_allowed_masters(value.split(','))?);
+            }
+            "master_server_name" => {
+                master_server_name = Some(percent_decode(value, "master_server_name")?);
+            }
+            _ => return Err(ConfigError::UnknownParameter(snippet(name))),
+        }
+    }
+    let mut config = RedisConfig::sentinel_endpoints(service, sentinels);
+    config.auth = auth;
+    config.database = database;
+    if let Some(auth) = credentials(sentinel_username, sentinel_password)? {
+        config = config.with_sentinel_auth(auth);
+    }
+    if let Some(allowed) = allowed_masters {
+        config = config.with_sentinel_allowed_masters(allowed);
+    }
+    if tls {
+        let master_tls = TlsConfig {
+            server_name: master_server_name,
+            ..TlsConfig::default()
+        };
+        config = config
+            .with_tls(master_tls)
+            .with_sentinel_tls(TlsConfig::default());
+    } else if master_server_name.is_some() {
+        return Err(ConfigError::MasterServerNameWithoutTls { key: None });
+    }
+    Ok(config)
+}
+
 /// Decodes `%XX` escapes; the result must be UTF-8.
-pub(super) fn percent_decode(text: &str, part: &'static str) -> Result<String, RedisConfigError> {
+fn percent_decode(text: &str, part: &'static str) -> Result<String, ConfigError> {
     if !text.contains('%') {
         return Ok(text.to_owned());
     }
-    let invalid = || RedisConfigError::InvalidPercentEncoding(part);
+    let invalid = || ConfigError::InvalidPercentEncoding(part);
     let mut bytes = text.bytes();
     let mut out = Vec::with_capacity(text.len());
     while let Some(byte) = bytes.next() {
@@ -263,11 +374,10 @@ fn hex_digit(byte: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::RedisEndpoint;
-    use super::super::tests::{auth, tcp, url};
     use super::*;
+    use crate::config::redis::tests::{auth, tcp, url};
 
-    fn url_error(text: &str) -> RedisConfigError {
+    fn url_error(text: &str) -> ConfigError {
         match RedisConfig::from_url(text) {
             Ok(config) => panic!("{text} parsed as {config:?}"),
             Err(error) => error,
@@ -322,11 +432,11 @@ mod tests {
         assert_eq!(url("redis://:@h").auth(), None);
         assert!(matches!(
             url_error("redis://worker@h"),
-            RedisConfigError::UsernameWithoutPassword
+            ConfigError::UsernameWithoutPassword { .. }
         ));
         assert!(matches!(
             url_error("redis://worker:@h"),
-            RedisConfigError::UsernameWithoutPassword
+            ConfigError::UsernameWithoutPassword { .. }
         ));
     }
 
@@ -343,7 +453,7 @@ mod tests {
         );
         assert_eq!(
             url("unix:///run/redis%20dir/redis.sock?password=p%26q").endpoint(),
-            &RedisEndpoint::Unix("/run/redis dir/redis.sock".into())
+            &Endpoint::Unix("/run/redis dir/redis.sock".into())
         );
         assert_eq!(
             url("unix:///r.sock?password=p%26q").auth(),
@@ -357,17 +467,17 @@ mod tests {
             "redis://:%ff@h",
         ] {
             match url_error(bad) {
-                RedisConfigError::InvalidPercentEncoding("password") => {}
+                ConfigError::InvalidPercentEncoding("password") => {}
                 other => panic!("{bad}: {other:?}"),
             }
         }
         assert!(matches!(
             url_error("redis://%zz:pw@h"),
-            RedisConfigError::InvalidPercentEncoding("username")
+            ConfigError::InvalidPercentEncoding("username")
         ));
         assert!(matches!(
             url_error("unix:///r%zz.sock"),
-            RedisConfigError::InvalidPercentEncoding("socket path")
+            ConfigError::InvalidPercentEncoding("socket path")
         ));
     }
 
@@ -388,7 +498,7 @@ mod tests {
             "redis://::1",
         ] {
             assert!(
-                matches!(url_error(bad), RedisConfigError::InvalidHost(_)),
+                matches!(url_error(bad), ConfigError::InvalidHost { .. }),
                 "{bad}"
             );
         }
@@ -405,7 +515,7 @@ mod tests {
 
     #[test]
     fn unix_urls() {
-        let socket = RedisEndpoint::Unix("/run/redis/redis.sock".into());
+        let socket = Endpoint::Unix("/run/redis/redis.sock".into());
         for text in [
             "unix:///run/redis/redis.sock",
             "unix:/run/redis/redis.sock",
@@ -426,26 +536,23 @@ mod tests {
         assert_eq!(config.database(), Some(0));
         assert_eq!(socket.to_string(), "unix:/run/redis/redis.sock");
 
-        assert!(matches!(
-            url_error("unix://"),
-            RedisConfigError::MissingPath
-        ));
-        assert!(matches!(url_error("unix:"), RedisConfigError::MissingPath));
+        assert!(matches!(url_error("unix://"), ConfigError::MissingPath));
+        assert!(matches!(url_error("unix:"), ConfigError::MissingPath));
         assert!(matches!(
             url_error("unix://run/redis.sock"),
-            RedisConfigError::InvalidUrl(_)
+            ConfigError::InvalidUrl(_)
         ));
         assert!(matches!(
             url_error("unix:///r.sock?db=x"),
-            RedisConfigError::InvalidDatabase(db) if db == "x"
+            ConfigError::InvalidDatabase(db) if db == "x"
         ));
         assert!(matches!(
             url_error("unix:///r.sock?timeout=3"),
-            RedisConfigError::UnknownParameter(name) if name == "timeout"
+            ConfigError::UnknownParameter(name) if name == "timeout"
         ));
         assert!(matches!(
             url_error("unix:///r.sock?user=w"),
-            RedisConfigError::UsernameWithoutPassword
+            ConfigError::UsernameWithoutPassword { .. }
         ));
     }
 

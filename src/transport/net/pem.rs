@@ -9,17 +9,17 @@ use futures_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// A certificate or key file that does not load: which setting named it,
 /// the file, and why (never the file's contents).
 #[derive(Debug)]
-pub(super) struct PemFileError {
+pub(crate) struct PemFileError {
     /// The setting that names the file (`certificate_file`...).
-    pub(super) what: &'static str,
+    pub(crate) what: &'static str,
     /// The file.
-    pub(super) path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Why it does not load.
-    pub(super) reason: String,
+    pub(crate) reason: String,
 }
 
 /// All certificates in a PEM file; at least one.
-pub(super) fn certificates(
+pub(crate) fn certificates(
     path: &Path,
     what: &'static str,
 ) -> Result<Vec<CertificateDer<'static>>, PemFileError> {
@@ -34,7 +34,7 @@ pub(super) fn certificates(
 
 /// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM file. The
 /// parser's own messages are not passed on: they may quote the file.
-pub(super) fn private_key(
+pub(crate) fn private_key(
     path: &Path,
     what: &'static str,
 ) -> Result<PrivateKeyDer<'static>, PemFileError> {

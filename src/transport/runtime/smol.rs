@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use smol::Async;
 
-use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use super::{BoxConnection, BoxFuture, Listener, Runtime};
 
 /// smol's reactor and timers (any executor may poll the futures: smol's
 /// reactor runs on its own thread).

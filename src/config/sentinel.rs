@@ -1,18 +1,21 @@
 //! Redis Sentinel: [`SentinelConfig`], the sentinel form of a
-//! [`RedisConfig`], and its URL, `redis+sentinel://`.
+//! [`RedisConfig`] (its URL, `redis+sentinel://`, is read with the other
+//! URLs, in `redis_url`).
 
 use std::fmt;
 
-use crate::session::sentinel::MAX_SENTINELS;
-use crate::session::{AllowedMasters, RedisAuth};
-
-use super::endpoint::RedisEndpoint;
-use super::url::{credentials, parse_authority_with, parse_database, percent_decode};
-use super::{RedisConfig, RedisConfigError, TlsConfig, snippet};
-use crate::transport::dial::TlsClient;
+use super::allow::AllowedMasters;
+use super::endpoint::Endpoint;
+use super::error::ConfigError;
+use super::redis::{RedisAuth, RedisConfig};
+use super::tls::{TlsCache, TlsConfig};
 
 /// A sentinel's port when none is given.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// The most sentinels one configuration may list (a deployment has three
+/// or five).
+pub const MAX_SENTINELS: usize = 16;
 
 /// Where the sentinels of a high-availability Redis are, and how to talk
 /// to them: the master's service name, the sentinels' addresses, their
@@ -25,11 +28,12 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 #[derive(Clone)]
 pub struct SentinelConfig {
     pub(super) service_name: String,
-    pub(super) sentinels: Vec<RedisEndpoint>,
+    pub(super) sentinels: Vec<Endpoint>,
     pub(super) auth: Option<RedisAuth>,
     pub(super) allowed_masters: AllowedMasters,
     pub(super) tls: Option<TlsConfig>,
-    pub(crate) tls_client: TlsClient,
+    /// What the dialer builds from `tls`, shared by clones.
+    pub(super) tls_cache: TlsCache,
 }
 
 impl fmt::Debug for SentinelConfig {
@@ -65,7 +69,7 @@ impl SentinelConfig {
 
     /// The sentinels, asked in this order (after the one that answered
     /// last).
-    pub fn sentinels(&self) -> &[RedisEndpoint] {
+    pub fn sentinels(&self) -> &[Endpoint] {
         &self.sentinels
     }
 
@@ -87,20 +91,20 @@ impl SentinelConfig {
     }
 
     /// The sentinel at `index`.
-    pub(crate) fn sentinel(&self, index: usize) -> Option<&RedisEndpoint> {
+    pub(crate) fn sentinel(&self, index: usize) -> Option<&Endpoint> {
         self.sentinels.get(index)
     }
 
     /// Refuses an empty list, too long a list, and an empty name.
-    pub(super) fn check(&self) -> Result<(), RedisConfigError> {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if self.service_name.is_empty() {
-            return Err(RedisConfigError::MissingServiceName);
+            return Err(ConfigError::MissingServiceName { key: None });
         }
         if self.sentinels.is_empty() {
-            return Err(RedisConfigError::NoSentinels);
+            return Err(ConfigError::NoSentinels);
         }
         if self.sentinels.len() > MAX_SENTINELS {
-            return Err(RedisConfigError::TooManySentinels(self.sentinels.len()));
+            return Err(ConfigError::TooManySentinels(self.sentinels.len()));
         }
         Ok(())
     }
@@ -109,8 +113,8 @@ impl SentinelConfig {
 impl RedisConfig {
     /// The master named `service_name` that `sentinels` (host and port
     /// each) monitor: every connection asks the sentinels where it is,
-    /// checks it is a master, and follows its failovers (see
-    /// [`RedisClient`](crate::transport::RedisClient)).
+    /// checks it is a master, and follows its failovers (see the
+    /// transport's `RedisClient`).
     ///
     /// The data nodes' credentials, database and TLS are set as for one
     /// node ([`RedisConfig::with_auth`], [`RedisConfig::with_database`],
@@ -131,13 +135,11 @@ impl RedisConfig {
     /// - **The allowed masters**
     ///   ([`RedisConfig::with_sentinel_allowed_masters`], URL parameter
     ///   `allowed_masters`, Synapse key `sentinel_allowed_masters`): a
-    ///   named node outside them is refused
-    ///   ([`SentinelError::NotAllowed`](crate::session::SentinelError::NotAllowed),
-    ///   in the [`DiscoveryError`](crate::session::DiscoveryError) of a
-    ///   [`RedisEvent::ConnectFailed`](crate::transport::RedisEvent::ConnectFailed))
-    ///   and never connected to; a `+switch-master` to one is not acted
-    ///   on, and that sentinel is no longer listened to
-    ///   ([`SentinelEvent::WatchLost`](crate::transport::SentinelEvent::WatchLost)).
+    ///   named node outside them is refused (the session's
+    ///   `SentinelError::NotAllowed`, in the `DiscoveryError` of a
+    ///   `RedisEvent::ConnectFailed`) and never connected to; a
+    ///   `+switch-master` to one is not acted on, and that sentinel is no
+    ///   longer listened to (`SentinelEvent::WatchLost`).
     ///   **By default only IP literals in the private, loopback, shared,
     ///   link-local and unique-local ranges are allowed**: no public
     ///   address and no host name. The sentinels' own addresses and the
@@ -159,7 +161,7 @@ impl RedisConfig {
     ///   with the system's roots (or `ca_file`/`ca_path`). That proves
     ///   only that the host owns the name the sentinel chose: with host
     ///   names allowed, pin the name
-    ///   ([`TlsConfig::server_name`](crate::transport::TlsConfig::server_name):
+    ///   ([`TlsConfig::server_name`]:
     ///   every master must then present a certificate for that name; URL
     ///   parameter `master_server_name`, Synapse key
     ///   `sentinel_master_tls_server_name`) and/or the CA (`ca_file`, a CA
@@ -171,8 +173,7 @@ impl RedisConfig {
     ///   second is up.
     ///
     /// ```
-    /// use synapse_replication::session::AllowedMasters;
-    /// use synapse_replication::transport::{RedisConfig, TlsConfig};
+    /// use synapse_replication::config::{AllowedMasters, RedisConfig, TlsConfig};
     ///
     /// let mut tls = TlsConfig::default();
     /// tls.server_name = Some("redis.internal".into());
@@ -193,24 +194,23 @@ impl RedisConfig {
     /// ```
     ///
     /// ```
-    /// use synapse_replication::session::RedisAuth;
-    /// use synapse_replication::transport::RedisConfig;
+    /// use synapse_replication::config::{RedisAuth, RedisConfig};
     ///
     /// let config = RedisConfig::sentinel("mymaster", [("10.0.0.1", 26379), ("10.0.0.2", 26379)])
     ///     .with_sentinel_auth(RedisAuth { username: None, password: "sentinel-pw".into() })
     ///     .with_auth(RedisAuth { username: None, password: "redis-pw".into() });
     /// assert_eq!(config.sentinel_config().map(|s| s.sentinels().len()), Some(2));
     /// assert_eq!(config, "redis+sentinel://:redis-pw@10.0.0.1,10.0.0.2/mymaster?sentinel_password=sentinel-pw".parse()?);
-    /// # Ok::<(), synapse_replication::transport::RedisConfigError>(())
+    /// # Ok::<(), synapse_replication::config::ConfigError>(())
     /// ```
     pub fn sentinel<I, H>(service_name: impl Into<String>, sentinels: I) -> RedisConfig
     where
         I: IntoIterator<Item = (H, u16)>,
         H: Into<String>,
     {
-        let sentinels: Vec<RedisEndpoint> = sentinels
+        let sentinels: Vec<Endpoint> = sentinels
             .into_iter()
-            .map(|(host, port)| RedisEndpoint::Tcp {
+            .map(|(host, port)| Endpoint::Tcp {
                 host: host.into(),
                 port,
             })
@@ -221,9 +221,9 @@ impl RedisConfig {
     /// [`RedisConfig::sentinel`] with the addresses made.
     pub(super) fn sentinel_endpoints(
         service_name: String,
-        sentinels: Vec<RedisEndpoint>,
+        sentinels: Vec<Endpoint>,
     ) -> RedisConfig {
-        let first = sentinels.first().cloned().unwrap_or(RedisEndpoint::Tcp {
+        let first = sentinels.first().cloned().unwrap_or(Endpoint::Tcp {
             host: String::new(),
             port: DEFAULT_SENTINEL_PORT,
         });
@@ -234,7 +234,7 @@ impl RedisConfig {
             auth: None,
             allowed_masters: AllowedMasters::default(),
             tls: None,
-            tls_client: TlsClient::default(),
+            tls_cache: TlsCache::default(),
         }));
         config
     }
@@ -265,7 +265,7 @@ impl RedisConfig {
     pub fn with_sentinel_tls(mut self, tls: TlsConfig) -> RedisConfig {
         if let Some(sentinel) = &mut self.sentinel {
             sentinel.tls = Some(tls);
-            sentinel.tls_client = TlsClient::default();
+            sentinel.tls_cache = TlsCache::default();
         }
         self
     }
@@ -276,120 +276,27 @@ impl RedisConfig {
     }
 }
 
-/// `//[userinfo@]host[:port][,host[:port]...]/service[/db][?params]` after
-/// `redis+sentinel:` or `rediss+sentinel:`.
-pub(super) fn parse_sentinel_url(rest: &str, tls: bool) -> Result<RedisConfig, RedisConfigError> {
-    let rest = rest
-        .strip_prefix("//")
-        .ok_or(RedisConfigError::InvalidUrl("expected // after the scheme"))?;
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(at) => (rest.get(..at), rest.get(at + 1..).unwrap_or_default()),
-        None => (None, rest),
-    };
-    let hosts_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (hosts, tail) = rest.split_at(hosts_end);
-    if tail.contains('#') {
-        return Err(RedisConfigError::InvalidUrl("unexpected #fragment"));
-    }
-    let mut sentinels = Vec::new();
-    for host in hosts.split(',') {
-        sentinels.push(parse_authority_with(host, DEFAULT_SENTINEL_PORT)?);
-        if sentinels.len() > MAX_SENTINELS {
-            return Err(RedisConfigError::TooManySentinels(sentinels.len()));
-        }
-    }
-    let (path, query) = match tail.split_once('?') {
-        Some((path, query)) => (path, query),
-        None => (tail, ""),
-    };
-    let path = path.strip_prefix('/').unwrap_or(path);
-    let (service, database) = match path.split_once('/') {
-        Some((service, "")) => (service, None),
-        Some((service, database)) => (service, Some(parse_database(database)?)),
-        None => (path, None),
-    };
-    let service = percent_decode(service, "service name")?;
-    if service.is_empty() {
-        return Err(RedisConfigError::MissingServiceName);
-    }
-    let auth = match userinfo {
-        None => None,
-        Some(userinfo) => {
-            let (username, password) = match userinfo.split_once(':') {
-                Some((username, password)) => (username, Some(password)),
-                None => (userinfo, None),
-            };
-            let username = percent_decode(username, "username")?;
-            let password = password
-                .map(|password| percent_decode(password, "password"))
-                .transpose()?;
-            credentials(Some(username), password)?
-        }
-    };
-    let mut sentinel_username = None;
-    let mut sentinel_password = None;
-    let mut allowed_masters = None;
-    let mut master_server_name = None;
-    for parameter in query.split('&').filter(|parameter| !parameter.is_empty()) {
-        let (name, value) = parameter.split_once('=').unwrap_or((parameter, ""));
-        match name {
-            "sentinel_username" => {
-                sentinel_username = Some(percent_decode(value, "sentinel_username")?);
-            }
-            "sentinel_password" => {
-                sentinel_password = Some(percent_decode(value, "sentinel_password")?);
-            }
-            "allowed_masters" => {
-                let value = percent_decode(value, "allowed_masters")?;
-                allowed_masters = Some(parse_allowed_masters(value.split(','))?);
-            }
-            "master_server_name" => {
-                master_server_name = Some(percent_decode(value, "master_server_name")?);
-            }
-            _ => return Err(RedisConfigError::UnknownParameter(snippet(name))),
-        }
-    }
-    let mut config = RedisConfig::sentinel_endpoints(service, sentinels);
-    config.auth = auth;
-    config.database = database;
-    if let Some(auth) = credentials(sentinel_username, sentinel_password)? {
-        config = config.with_sentinel_auth(auth);
-    }
-    if let Some(allowed) = allowed_masters {
-        config = config.with_sentinel_allowed_masters(allowed);
-    }
-    if tls {
-        let master_tls = TlsConfig {
-            server_name: master_server_name,
-            ..TlsConfig::default()
-        };
-        config = config
-            .with_tls(master_tls)
-            .with_sentinel_tls(TlsConfig::default());
-    } else if master_server_name.is_some() {
-        return Err(RedisConfigError::MasterServerNameWithoutTls);
-    }
-    Ok(config)
-}
-
 /// An allow-list from a URL or Synapse's section: at least one entry
 /// (none at all would refuse every master, surely not what was meant).
-pub(super) fn parse_allowed_masters<I, S>(entries: I) -> Result<AllowedMasters, RedisConfigError>
+pub(super) fn parse_allowed_masters<I, S>(entries: I) -> Result<AllowedMasters, ConfigError>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
     let entries: Vec<S> = entries.into_iter().collect();
     if entries.iter().all(|entry| entry.as_ref().trim().is_empty()) {
-        return Err(crate::session::AllowListError(String::new()).into());
+        return Err(ConfigError::InvalidAllowedMaster {
+            key: None,
+            entry: String::new(),
+        });
     }
-    Ok(AllowedMasters::parse(entries)?)
+    AllowedMasters::parse(entries)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{auth, url};
     use super::*;
+    use crate::config::redis::tests::{auth, url};
 
     #[test]
     fn sentinel_urls() {
@@ -459,7 +366,7 @@ mod tests {
         );
         assert!(matches!(
             RedisConfig::from_url(&many),
-            Err(RedisConfigError::TooManySentinels(_))
+            Err(ConfigError::TooManySentinels(_))
         ));
         let error =
             RedisConfig::from_url("redis+sentinel://u:hunter2@h/m?sentinel_password=hunter3&x=1")
@@ -519,20 +426,5 @@ mod tests {
             let error = RedisConfig::from_url(text).expect_err(text).to_string();
             assert!(error.contains(check), "{text}: {error}");
         }
-    }
-
-    #[test]
-    fn empty_sentinel_configs_are_refused_before_connecting() {
-        let config = RedisConfig::sentinel("m", Vec::<(String, u16)>::new());
-        assert!(matches!(
-            config.prepare(),
-            Err(RedisConfigError::NoSentinels)
-        ));
-        let config = RedisConfig::sentinel("", [("h", 1)]);
-        assert!(matches!(
-            config.prepare(),
-            Err(RedisConfigError::MissingServiceName)
-        ));
-        assert!(RedisConfig::sentinel("m", [("h", 1)]).prepare().is_ok());
     }
 }

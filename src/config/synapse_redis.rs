@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::session::RedisAuth;
-
+use super::error::ConfigError;
+use super::redis::{RedisAuth, RedisConfig};
+use super::redis_url::parse_authority_with;
 use super::sentinel::{DEFAULT_SENTINEL_PORT, parse_allowed_masters};
-use super::url::parse_authority_with;
-use super::{RedisConfig, RedisConfigError, TlsConfig};
+use super::tls::TlsConfig;
 
 impl RedisConfig {
     /// Reads Synapse's `redis:` config section, as Synapse 1.163.2 does
@@ -20,12 +20,12 @@ impl RedisConfig {
     ///
     /// Stricter than Synapse, so that nothing is silently less secure
     /// than configured: `use_tls` with a Unix `path` is refused
-    /// ([`RedisConfigError::TlsOverUnix`]; Synapse connects in plaintext),
+    /// ([`ConfigError::TlsOverUnix`]; Synapse connects in plaintext),
     /// and the server's certificate is verified (see [`TlsConfig`]).
-    /// A section with `enabled: false` gives [`RedisConfigError::Disabled`].
-    pub fn from_synapse(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisConfigError> {
+    /// A section with `enabled: false` gives [`ConfigError::Disabled`].
+    pub fn from_synapse(section: &SynapseRedisConfig) -> Result<RedisConfig, ConfigError> {
         if !section.enabled {
-            return Err(RedisConfigError::Disabled);
+            return Err(ConfigError::Disabled);
         }
         let password = section
             .password
@@ -36,7 +36,7 @@ impl RedisConfig {
             .as_ref()
             .filter(|path| !path.as_os_str().is_empty());
         let password = match password_path {
-            Some(_) if password.is_some() => return Err(RedisConfigError::ConflictingPasswords),
+            Some(_) if password.is_some() => return Err(ConfigError::ConflictingPasswords),
             Some(path) => Some(read_password_file(path)?),
             None => password,
         };
@@ -46,24 +46,35 @@ impl RedisConfig {
             .filter(|username| !username.is_empty());
         let auth = match (username, password) {
             (username, Some(password)) => Some(RedisAuth { username, password }),
-            (Some(_), None) => return Err(RedisConfigError::UsernameWithoutPassword),
+            (Some(_), None) => {
+                return Err(ConfigError::UsernameWithoutPassword {
+                    key: Some("redis.username"),
+                });
+            }
             (None, None) => None,
         };
         let mut config = match &section.path {
             _ if !section.sentinels.is_empty() => sentinel_config(section)?,
             Some(path) if !path.as_os_str().is_empty() => {
                 if section.use_tls {
-                    return Err(RedisConfigError::TlsOverUnix);
+                    return Err(ConfigError::TlsOverUnix {
+                        key: Some("redis.use_tls"),
+                    });
                 }
                 RedisConfig::unix(path.clone())
             }
             _ => {
                 let host = section.host.trim_start_matches('[').trim_end_matches(']');
                 if host.is_empty() {
-                    return Err(RedisConfigError::MissingHost);
+                    return Err(ConfigError::MissingHost {
+                        key: Some("redis.host"),
+                    });
                 }
                 if section.port == 0 {
-                    return Err(RedisConfigError::InvalidPort("0".to_owned()));
+                    return Err(ConfigError::InvalidPort {
+                        key: Some("redis.port"),
+                        value: "0".to_owned(),
+                    });
                 }
                 RedisConfig::tcp(host, section.port)
             }
@@ -79,14 +90,16 @@ impl RedisConfig {
             tls.server_name = master_server_name;
             config = config.with_tls(tls);
         } else if master_server_name.is_some() {
-            return Err(RedisConfigError::MasterServerNameWithoutTls);
+            return Err(ConfigError::MasterServerNameWithoutTls {
+                key: Some("redis.sentinel_master_tls_server_name"),
+            });
         }
         Ok(config)
     }
 }
 
 /// The TLS files of the section.
-fn tls_files(section: &SynapseRedisConfig) -> Result<TlsConfig, RedisConfigError> {
+fn tls_files(section: &SynapseRedisConfig) -> Result<TlsConfig, ConfigError> {
     let tls = TlsConfig {
         ca_file: section.ca_file.clone(),
         ca_path: section.ca_path.clone(),
@@ -95,29 +108,36 @@ fn tls_files(section: &SynapseRedisConfig) -> Result<TlsConfig, RedisConfigError
         server_name: None,
     };
     if tls.certificate_file.is_some() != tls.private_key_file.is_some() {
-        return Err(RedisConfigError::CertificateWithoutKey);
+        return Err(ConfigError::CertificateWithoutKey {
+            key: Some("redis.certificate_file"),
+        });
     }
     Ok(tls)
 }
 
 /// The sentinel form of the section: the sentinels, the service name, the
 /// sentinels' credentials and TLS.
-fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisConfigError> {
+fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, ConfigError> {
     let service = section
         .sentinel_service_name
         .clone()
         .filter(|name| !name.is_empty())
-        .ok_or(RedisConfigError::MissingServiceName)?;
+        .ok_or(ConfigError::MissingServiceName {
+            key: Some("redis.sentinel_service_name"),
+        })?;
     let sentinels = section
         .sentinels
         .iter()
-        .map(|address| parse_authority_with(address, DEFAULT_SENTINEL_PORT))
+        .map(|address| {
+            parse_authority_with(address, DEFAULT_SENTINEL_PORT)
+                .map_err(|error| error.at("redis.sentinels"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut config = RedisConfig::sentinel_endpoints(service, sentinels);
     if !section.sentinel_allowed_masters.is_empty() {
-        config = config.with_sentinel_allowed_masters(parse_allowed_masters(
-            &section.sentinel_allowed_masters,
-        )?);
+        let allowed = parse_allowed_masters(&section.sentinel_allowed_masters)
+            .map_err(|error| error.at("redis.sentinel_allowed_masters"))?;
+        config = config.with_sentinel_allowed_masters(allowed);
     }
     let username = section
         .sentinel_username
@@ -127,7 +147,11 @@ fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisCon
         (username, Some(password)) if !password.is_empty() => {
             config = config.with_sentinel_auth(RedisAuth { username, password });
         }
-        (Some(_), _) => return Err(RedisConfigError::UsernameWithoutPassword),
+        (Some(_), _) => {
+            return Err(ConfigError::UsernameWithoutPassword {
+                key: Some("redis.sentinel_username"),
+            });
+        }
         _ => {}
     }
     if section.sentinel_use_tls {
@@ -144,14 +168,14 @@ fn sentinel_config(section: &SynapseRedisConfig) -> Result<RedisConfig, RedisCon
 /// unknown keys are ignored, as Synapse ignores them.
 ///
 /// ```
-/// use synapse_replication::transport::{RedisConfig, RedisEndpoint, SynapseRedisConfig};
+/// use synapse_replication::config::{Endpoint, RedisConfig, SynapseRedisConfig};
 ///
 /// let section: SynapseRedisConfig =
 ///     serde_json::from_str(r#"{"enabled": true, "host": "redis.internal", "dbid": 1}"#)?;
 /// let config = RedisConfig::from_synapse(&section)?;
 /// assert_eq!(
 ///     config.endpoint(),
-///     &RedisEndpoint::Tcp { host: "redis.internal".into(), port: 6379 }
+///     &Endpoint::Tcp { host: "redis.internal".into(), port: 6379 }
 /// );
 /// assert_eq!(config.database(), Some(1));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -205,7 +229,7 @@ pub struct SynapseRedisConfig {
     pub sentinel_use_tls: bool,
     /// The only nodes the sentinels may name as the master: IP addresses,
     /// networks (`10.0.0.0/8`), host names, `*.domain`, `private`, `*`
-    /// (see [`AllowedMasters::parse`](crate::session::AllowedMasters::parse)).
+    /// (see [`AllowedMasters::parse`](super::AllowedMasters::parse)).
     /// Empty: the default, private addresses only (see
     /// [`RedisConfig::sentinel`] for what is trusted).
     pub sentinel_allowed_masters: Vec<String>,
@@ -276,30 +300,30 @@ impl fmt::Debug for SynapseRedisConfig {
 
 /// The password in `path`, stripped of surrounding whitespace as Synapse
 /// strips it.
-fn read_password_file(path: &Path) -> Result<String, RedisConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| RedisConfigError::PasswordFile {
+fn read_password_file(path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::PasswordFile {
         path: path.to_owned(),
         source,
     })?;
     let password = text.trim();
     if password.is_empty() {
-        return Err(RedisConfigError::EmptyPasswordFile(path.to_owned()));
+        return Err(ConfigError::EmptyPasswordFile(path.to_owned()));
     }
     Ok(password.to_owned())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_files::TempFile;
-    use super::super::tests::{auth, tcp};
     use super::*;
-    use crate::transport::RedisEndpoint;
+    use crate::config::Endpoint;
+    use crate::config::redis::test_files::TempFile;
+    use crate::config::redis::tests::{auth, tcp};
 
     fn section(json: &str) -> SynapseRedisConfig {
         serde_json::from_str(json).unwrap_or_else(|error| panic!("{json}: {error}"))
     }
 
-    fn synapse(json: &str) -> Result<RedisConfig, RedisConfigError> {
+    fn synapse(json: &str) -> Result<RedisConfig, ConfigError> {
         RedisConfig::from_synapse(&section(json))
     }
 
@@ -310,7 +334,7 @@ mod tests {
         assert_eq!(defaults, SynapseRedisConfig::default());
         assert!(matches!(
             RedisConfig::from_synapse(&defaults),
-            Err(RedisConfigError::Disabled)
+            Err(ConfigError::Disabled)
         ));
         let config = synapse(r#"{"enabled": true}"#).expect("valid");
         assert_eq!(config, RedisConfig::tcp("localhost", 6379));
@@ -337,10 +361,7 @@ mod tests {
                 "username": "worker", "password": "pw"}"#,
         )
         .expect("valid");
-        assert_eq!(
-            config.endpoint(),
-            &RedisEndpoint::Unix("/run/redis.sock".into())
-        );
+        assert_eq!(config.endpoint(), &Endpoint::Unix("/run/redis.sock".into()));
         assert_eq!(config.auth(), auth(Some("worker"), "pw").as_ref());
         // YAML's nulls and empty strings are absent values.
         let config = synapse(
@@ -350,15 +371,15 @@ mod tests {
         assert_eq!(config, RedisConfig::tcp("::1", 6379));
         assert!(matches!(
             synapse(r#"{"enabled": true, "username": "worker"}"#),
-            Err(RedisConfigError::UsernameWithoutPassword)
+            Err(ConfigError::UsernameWithoutPassword { .. })
         ));
         assert!(matches!(
             synapse(r#"{"enabled": true, "port": 0}"#),
-            Err(RedisConfigError::InvalidPort(_))
+            Err(ConfigError::InvalidPort { .. })
         ));
         assert!(matches!(
             synapse(r#"{"enabled": true, "host": ""}"#),
-            Err(RedisConfigError::MissingHost)
+            Err(ConfigError::MissingHost { .. })
         ));
         assert!(serde_json::from_str::<SynapseRedisConfig>(r#"{"port": 70000}"#).is_err());
     }
@@ -382,12 +403,12 @@ mod tests {
         assert_eq!(config.tls(), None);
         assert!(matches!(
             synapse(r#"{"enabled": true, "use_tls": true, "certificate_file": "/c.pem"}"#),
-            Err(RedisConfigError::CertificateWithoutKey)
+            Err(ConfigError::CertificateWithoutKey { .. })
         ));
         // Never plaintext when TLS was asked for.
         assert!(matches!(
             synapse(r#"{"enabled": true, "use_tls": true, "path": "/run/redis.sock"}"#),
-            Err(RedisConfigError::TlsOverUnix)
+            Err(ConfigError::TlsOverUnix { .. })
         ));
     }
 
@@ -407,7 +428,7 @@ mod tests {
         );
         assert!(matches!(
             synapse(&json),
-            Err(RedisConfigError::ConflictingPasswords)
+            Err(ConfigError::ConflictingPasswords)
         ));
 
         let empty = TempFile::new("empty", "\n");
@@ -417,7 +438,7 @@ mod tests {
         );
         assert!(matches!(
             synapse(&json),
-            Err(RedisConfigError::EmptyPasswordFile(_))
+            Err(ConfigError::EmptyPasswordFile(_))
         ));
 
         let missing = file.0.with_file_name("missing");
@@ -426,7 +447,7 @@ mod tests {
             missing.display().to_string()
         );
         match synapse(&json) {
-            Err(error @ RedisConfigError::PasswordFile { .. }) => {
+            Err(error @ ConfigError::PasswordFile { .. }) => {
                 assert!(error.to_string().contains("missing"), "{error}");
             }
             other => panic!("{other:?}"),
@@ -472,7 +493,7 @@ mod tests {
         );
         assert!(matches!(
             synapse(r#"{"enabled": true, "sentinels": ["h"]}"#),
-            Err(RedisConfigError::MissingServiceName)
+            Err(ConfigError::MissingServiceName { .. })
         ));
         let config = synapse(
             r#"{"enabled": true, "use_tls": true, "sentinels": ["10.0.0.1"],
@@ -496,18 +517,18 @@ mod tests {
                 r#"{"enabled": true, "sentinels": ["h"], "sentinel_service_name": "m",
                     "sentinel_allowed_masters": ["not a host"]}"#
             ),
-            Err(RedisConfigError::InvalidAllowedMaster(_))
+            Err(ConfigError::InvalidAllowedMaster { .. })
         ));
         assert!(matches!(
             synapse(
                 r#"{"enabled": true, "sentinels": ["h"], "sentinel_service_name": "m",
                     "sentinel_master_tls_server_name": "redis.internal"}"#
             ),
-            Err(RedisConfigError::MasterServerNameWithoutTls)
+            Err(ConfigError::MasterServerNameWithoutTls { .. })
         ));
         assert!(matches!(
             synapse(r#"{"enabled": true, "sentinels": ["h:x"], "sentinel_service_name": "m"}"#),
-            Err(RedisConfigError::InvalidPort(_))
+            Err(ConfigError::InvalidPort { .. })
         ));
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use tokio::runtime::Handle;
 use tokio_util::compat::TokioAsyncReadCompatExt;
 
-use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use super::{BoxConnection, BoxFuture, Listener, Runtime};
 
 /// A tokio runtime's reactor and timers.
 ///

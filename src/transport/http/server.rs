@@ -35,9 +35,9 @@ use crate::positions::{
     CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
 };
 
-use super::CatchUpSource;
 use super::hyper_io::HyperIo;
-use super::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use crate::transport::CatchUpSource;
+use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 
 mod limits;
 
@@ -122,7 +122,7 @@ impl Default for HttpServerConfig {
 /// entry's `host`. Synapse presents no client certificate: leave
 /// `client_ca_file` unset for it (it is for other clients, such as this
 /// crate's `HttpCatchUp` (feature `http-catch-up`) with a
-/// [`TlsConfig`](crate::transport::TlsConfig) certificate).
+/// [`TlsConfig`](crate::config::TlsConfig) certificate).
 ///
 /// ```
 /// use synapse_replication::transport::HttpServerTls;
@@ -947,8 +947,8 @@ mod tls {
     use futures_rustls::rustls::server::WebPkiClientVerifier;
     use futures_rustls::rustls::{self, RootCertStore, ServerConfig};
 
-    use super::super::pem::{PemFileError, certificates, private_key};
     use super::{HttpServerTls, HttpServerTlsError};
+    use crate::transport::net::pem::{PemFileError, certificates, private_key};
 
     impl From<PemFileError> for HttpServerTlsError {
         fn from(error: PemFileError) -> HttpServerTlsError {

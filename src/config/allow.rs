@@ -3,9 +3,11 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::error::{ConfigError, snippet};
+
 /// The addresses a sentinel may name as the master: a node outside is
-/// refused ([`SentinelError::NotAllowed`](super::SentinelError::NotAllowed))
-/// and never connected to, so the data nodes' password never reaches it.
+/// refused (the session's `SentinelError::NotAllowed`) and never
+/// connected to, so the data nodes' password never reaches it.
 ///
 /// A sentinel is trusted to say *which* node is the master, not to send
 /// the client anywhere it likes: whoever answers as a sentinel (a
@@ -31,7 +33,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// the host names sentinels give with `announce-hostnames yes`):
 ///
 /// ```
-/// use synapse_replication::session::AllowedMasters;
+/// use synapse_replication::config::AllowedMasters;
 ///
 /// let allowed = AllowedMasters::parse(["10.1.2.0/24", "redis-0.internal", "*.redis.svc"])?;
 /// assert!(allowed.allows("10.1.2.7"));
@@ -43,7 +45,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// assert!(AllowedMasters::default().allows("192.168.0.5"));
 /// assert!(!AllowedMasters::default().allows("203.0.113.9"));
 /// assert!(!AllowedMasters::default().allows("redis.internal"));
-/// # Ok::<(), synapse_replication::session::AllowListError>(())
+/// # Ok::<(), synapse_replication::config::ConfigError>(())
 /// ```
 ///
 /// An allowed host name is resolved as usual: DNS is trusted for it.
@@ -63,14 +65,6 @@ enum Rule {
     /// Names ending in `.suffix` (from `*.suffix`), lowercase.
     Suffix(String),
 }
-
-/// An entry of an allow-list that is not `*`, `private`, an IP address,
-/// a network (`10.0.0.0/8`, `fd00::/8`), a host name or `*.domain`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid allowed master {0:?} (expected an ip address, a network such as 10.0.0.0/8, a host name, *.domain, private or *)"
-)]
-pub struct AllowListError(pub String);
 
 /// The ranges of [`AllowedMasters::private_networks`].
 const PRIVATE: [(IpAddr, u8); 9] = [
@@ -174,7 +168,7 @@ impl AllowedMasters {
 
     /// Any node a sentinel names: the sentinels are trusted entirely
     /// (with TLS to the master, pin its name or CA then:
-    /// [`TlsConfig`](crate::transport::TlsConfig)).
+    /// [`TlsConfig`](super::TlsConfig)).
     pub fn any() -> AllowedMasters {
         AllowedMasters {
             rules: vec![Rule::Any],
@@ -187,8 +181,10 @@ impl AllowedMasters {
     /// names under a domain (`*.redis.svc`: `a.redis.svc`, not
     /// `redis.svc`), `private` ([`AllowedMasters::private_networks`]) or
     /// `*` ([`AllowedMasters::any`]). Surrounding whitespace is ignored;
-    /// empty entries are skipped. No entries at all allow nothing.
-    pub fn parse<I, S>(entries: I) -> Result<AllowedMasters, AllowListError>
+    /// empty entries are skipped. No entries at all allow nothing. An
+    /// entry that is none of these is a
+    /// [`ConfigError::InvalidAllowedMaster`].
+    pub fn parse<I, S>(entries: I) -> Result<AllowedMasters, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -199,7 +195,10 @@ impl AllowedMasters {
             if entry.is_empty() {
                 continue;
             }
-            let bad = || AllowListError(super::short(entry.as_bytes()));
+            let bad = || ConfigError::InvalidAllowedMaster {
+                key: None,
+                entry: snippet(entry),
+            };
             if entry == "*" {
                 rules.push(Rule::Any);
             } else if entry.eq_ignore_ascii_case("private") {
