@@ -211,7 +211,7 @@ fn follower_line(
         synapse_replication::positions::CatchUpPage,
     ),
 ) -> String {
-    use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowSource};
+    use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowOrigin};
 
     match event {
         FollowerEvent::Rows {
@@ -222,8 +222,8 @@ fn follower_line(
             source,
         } => {
             let source = match source {
-                RowSource::Live => "live",
-                RowSource::CatchUp => "catch-up",
+                RowOrigin::Live => "live",
+                RowOrigin::CatchUp => "catch-up",
             };
             let json: Vec<&str> = rows.iter().map(|row| row.as_str()).collect();
             format!(

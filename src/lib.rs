@@ -2,92 +2,103 @@
 //!
 //! Synapse, the Matrix homeserver, scales out into processes that tell each
 //! other what changed through replication streams, carried over Redis
-//! pub/sub or direct TCP. This crate lets a Rust process take part: follow
-//! the streams (positions, batches, gaps, catch-up), write the streams the
-//! process owns, and exchange the other replication commands, byte for
-//! byte as Synapse does.
+//! pub/sub (or, historically, direct TCP). This crate lets a Rust process
+//! take part: follow the streams (positions, batches, gaps, catch-up),
+//! write the streams the process owns and serve their catch-up, and
+//! exchange the other replication commands, byte for byte as Synapse does.
 //!
-//! This crate does no network I/O in its core: bytes and time go in;
-//! events, bytes to send and deadlines come out. Here a writer (a direct
-//! TCP server session) and a follower (a client session) pass their bytes
-//! to each other in memory, and the follower sees the writer's rows:
+//! # Following a deployment over Redis
+//!
+//! Every Synapse process subscribes to the deployment's channel (its
+//! server name) and hears every other process's rows as pub/sub messages.
+//! The core does no network I/O: bytes and time go in; events, bytes to
+//! send and deadlines come out. Here a [`session::RedisSession`] is given,
+//! by hand, what Redis would send it: the subscription's confirmation,
+//! then a `caches` row `master` published.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Instant;
 //! use synapse_replication::config::StreamWriters;
 //! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
-//! use synapse_replication::session::{TcpClientEvent, TcpClientSession, TcpServerSession};
-//! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
+//! use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
+//! use synapse_replication::wire::{InstanceName, StreamName, Token};
 //!
 //! let now = Instant::now();
-//! let registry = Arc::new(StreamWriters::default()); // master writes everything
+//! let writers = Arc::new(StreamWriters::default().with_redis(true));
+//! let me = InstanceName::from("worker1");
+//! let follower = Follower::new(me.clone(), writers.clone());
+//! let config = RedisSessionConfig::new("example.com");
+//! let mut session = RedisSession::new(config, follower, Writer::new(me, writers));
+//! // Where this process stopped last time (say, from its database).
+//! session.follower_mut().set_position(&StreamName::Caches, &InstanceName::master(), Token(6))?;
 //!
-//! // master writes `typing`...
-//! let mut writer = Writer::new(InstanceName::master(), registry.clone());
-//! writer.advance(&StreamName::Typing, Token(0))?;
-//! let mut server = TcpServerSession::new("example.com", writer, now)?;
-//!
-//! // ...and worker1 follows it.
-//! let follower = Follower::new(InstanceName::from("worker1"), registry);
-//! let mut client = TcpClientSession::new("example.com", follower)?;
-//!
-//! // A connection: bytes from each side go to the other until both are quiet.
-//! let id = server.accept(now);
-//! client.connect(now);
-//! let mut pass_bytes = |server: &mut TcpServerSession, client: &mut TcpClientSession| loop {
-//!     let mut moved = false;
-//!     while let Some(bytes) = client.poll_transmit() {
-//!         server.handle_input(id, &bytes, now);
-//!         moved = true;
-//!     }
-//!     while let Some(bytes) = server.poll_transmit(id) {
-//!         client.handle_input(&bytes, now);
-//!         moved = true;
-//!     }
-//!     if !moved {
-//!         break;
-//!     }
-//! };
-//! pass_bytes(&mut server, &mut client);
-//!
-//! let row = RawRow::new(&br#"["!room:example.com",["@alice:example.com"]]"#[..])?;
-//! server.write(&StreamName::Typing, Token(1), [(Token(1), row.clone())])?;
-//! pass_bytes(&mut server, &mut client);
-//!
-//! let mut seen = Vec::new();
-//! while let Some(event) = client.poll_event() {
-//!     if let TcpClientEvent::Follower(FollowerEvent::Rows { stream, token, rows, .. }) = event {
-//!         seen.push((stream, token, rows.into_vec()));
+//! // A driver connects both links; the session names them and subscribes
+//! // (`CLIENT SETNAME`, `SUBSCRIBE example.com`): bytes for the sockets.
+//! for link in RedisLink::BOTH {
+//!     session.connect(link, now);
+//!     while let Some(bytes) = session.poll_transmit(link) {
+//!         assert!(!bytes.is_empty());
 //!     }
 //! }
-//! assert_eq!(seen, [(StreamName::Typing, Token(1), vec![row])]);
+//! session.handle_input(RedisLink::Publisher, b"+OK\r\n", now);
+//!
+//! // Redis confirms the subscription; then come what `master` published:
+//! // its answer to this session's `REPLICATE`, and a row.
+//! let message = |line: &str| {
+//!     format!("*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n${}\r\n{line}\r\n", line.len())
+//! };
+//! let input = format!(
+//!     "+OK\r\n*3\r\n$9\r\nsubscribe\r\n$11\r\nexample.com\r\n:1\r\n{}{}",
+//!     message("POSITION caches master 6 6"),
+//!     message(r#"RDATA caches master 7 ["get_user_by_id",["@alice:example.com"],1700000000000]"#),
+//! );
+//! session.handle_input(RedisLink::Subscriber, input.as_bytes(), now);
+//!
+//! let mut seen = Vec::new();
+//! while let Some(event) = session.poll_event() {
+//!     println!("{event}");
+//!     if let RedisEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) = event {
+//!         seen.push((stream, writer, token, rows.len()));
+//!     }
+//! }
+//! assert_eq!(seen, [(StreamName::Caches, InstanceName::master(), Token(7), 1)]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Joining a real deployment takes the async drivers of [`transport`]:
-//! [`transport::RedisClient::follow`] reads what it needs from Synapse's
-//! configuration ([`config::SynapseConfig`]) and hands over one event at
-//! a time (see the README for a whole program).
+//! Over real sockets the same session is driven by a
+//! [`transport::RedisClient`], which reads what it needs from Synapse's
+//! configuration ([`config::SynapseConfig`]), connects, reconnects and
+//! fetches what was missed, and hands over one event at a time (the
+//! README has the whole program, in twenty lines).
 //!
-//! The layers, bottom up:
+//! # Which type do I need
+//!
+//! | to | take | and |
+//! |---|---|---|
+//! | follow a deployment | [`transport::RedisClient::follow`] | match its [`session::RedisEvent`]s; the follower's are in [`session::RedisEvent::Follower`] ([`positions::FollowerEvent`]) |
+//! | read a row | [`streams::Row::decode`] | rows stay raw ([`wire::RawRow`]) until asked |
+//! | write a stream | [`transport::RedisClient::write`] (or a [`transport::CommandSender`] from other tasks) | [`transport::RedisClient::advance`] once first |
+//! | serve catch-up to Synapse's processes | [`transport::RedisClient::with_history`] and `HttpServer` (feature `http-server`) | one [`positions::History`] for both |
+//! | fetch what was missed | `HttpCatchUp` (feature `http-catch-up`; `follow` takes it by itself) | or any [`transport::CatchUpSource`] |
+//! | read Synapse's configuration | [`config::SynapseConfig`] | `redis:`, Sentinel, `stream_writers`, `instance_map`, the secret |
+//! | run your own event loop | [`session::RedisSession`] (or [`session::TcpClientSession`], [`session::TcpServerSession`]) | the call order below |
+//! | replicate between Rust processes without Redis | [`transport::TcpServer`] and [`transport::TcpClient`] | Synapse's direct TCP protocol |
+//!
+//! The layers, bottom up, each importing only those below it:
 //!
 //! - [`wire`]: one line <-> one [`wire::Command`];
 //! - [`streams`]: the typed row of each stream, decoded on demand;
 //! - [`positions`] and [`writers`]: the [`positions::Follower`] and
 //!   [`positions::Writer`] state machines, and who may write which stream;
+//! - [`resp`]: the Redis wire codec;
 //! - [`session`]: sans-IO connection state machines, over Redis
 //!   ([`session::RedisSession`]) and direct TCP (client and server);
-//! - [`resp`]: the Redis wire codec;
 //! - [`transport`]: thin async drivers over `futures::io`, the only layer
 //!   that does I/O, with smol and tokio glue behind features.
 //!
-//! Beside the layers, [`config`]: everything read from Synapse's
-//! configuration (server name, `redis:` and Sentinel, `stream_writers` and
-//! `instance_map`, the replication secret, TLS settings) and where to
-//! connect, sans-IO and the same in every build, with one error type,
-//! [`config::ConfigError`], that names the key a user got wrong. Every
-//! layer may use it; it uses none of them but the wire's names.
+//! Beside them, [`config`]: Synapse's configuration, sans-IO, which every
+//! layer may read.
 //!
 //! # Call order of the sans-IO sessions
 //!

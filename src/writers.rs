@@ -11,7 +11,7 @@
 //! ```
 //! use synapse_replication::config::StreamWriters;
 //! use synapse_replication::wire::{InstanceName, StreamName};
-//! use synapse_replication::writers::{WriterRegistry, Writers};
+//! use synapse_replication::writers::{WriterRegistry, WriterList};
 //!
 //! let writers = StreamWriters::from_json(r#"{
 //!     "redis": {"enabled": true},
@@ -29,7 +29,7 @@
 //! assert!(!writers.may_write(&StreamName::Typing, &p1));
 //! assert!(writers.may_write(&StreamName::Typing, &InstanceName::master()));
 //! // With Redis, every process writes `caches`.
-//! assert_eq!(writers.writers(&StreamName::Caches), Writers::Any);
+//! assert_eq!(writers.writers(&StreamName::Caches), WriterList::Any);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -53,7 +53,7 @@ pub trait WriterRegistry: Send + Sync {
     fn may_write(&self, stream: &StreamName, instance: &InstanceName) -> bool;
 
     /// The processes that write `stream`.
-    fn writers(&self, stream: &StreamName) -> Writers<'_>;
+    fn writers(&self, stream: &StreamName) -> WriterList<'_>;
 
     /// Whether the configuration names `instance` as a writer of
     /// `stream`, rather than only letting it write (as any process may
@@ -65,7 +65,7 @@ pub trait WriterRegistry: Send + Sync {
     /// them.
     fn is_configured(&self, stream: &StreamName, instance: &InstanceName) -> bool {
         !matches!(stream, StreamName::Other(_))
-            && matches!(self.writers(stream), Writers::Only(list) if list.contains(instance))
+            && matches!(self.writers(stream), WriterList::Only(list) if list.contains(instance))
     }
 
     /// The known streams (those of [`StreamName::KNOWN`]) that `instance`
@@ -79,7 +79,7 @@ pub trait WriterRegistry: Send + Sync {
 /// The answer to "who writes this stream?".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Writers<'a> {
+pub enum WriterList<'a> {
     /// Exactly these processes (possibly none: `federation` when the main
     /// process sends federation itself).
     Only(&'a [InstanceName]),
@@ -88,12 +88,12 @@ pub enum Writers<'a> {
     Any,
 }
 
-impl Writers<'_> {
+impl WriterList<'_> {
     /// Whether `instance` is among the writers.
     pub fn contains(&self, instance: &InstanceName) -> bool {
         match self {
-            Writers::Only(list) => list.contains(instance),
-            Writers::Any => true,
+            WriterList::Only(list) => list.contains(instance),
+            WriterList::Any => true,
         }
     }
 
@@ -101,8 +101,8 @@ impl Writers<'_> {
     /// per writer, and the stream's position is the minimum over them).
     pub fn is_multi(&self) -> bool {
         match self {
-            Writers::Only(list) => list.len() > 1,
-            Writers::Any => true,
+            WriterList::Only(list) => list.len() > 1,
+            WriterList::Any => true,
         }
     }
 }
@@ -112,10 +112,10 @@ impl WriterRegistry for StreamWriters {
         self.writers(stream).contains(instance)
     }
 
-    fn writers(&self, stream: &StreamName) -> Writers<'_> {
+    fn writers(&self, stream: &StreamName) -> WriterList<'_> {
         match self.writers_of(stream) {
-            Some(list) => Writers::Only(list),
-            None => Writers::Any,
+            Some(list) => WriterList::Only(list),
+            None => WriterList::Any,
         }
     }
 
@@ -125,8 +125,8 @@ impl WriterRegistry for StreamWriters {
     fn is_configured(&self, stream: &StreamName, instance: &InstanceName) -> bool {
         match self.writers(stream) {
             _ if matches!(stream, StreamName::Other(_)) => false,
-            Writers::Only(list) => list.contains(instance),
-            Writers::Any => self.names(instance),
+            WriterList::Only(list) => list.contains(instance),
+            WriterList::Any => self.names(instance),
         }
     }
 
@@ -256,7 +256,7 @@ mod tests {
         assert!(w.may_write(&StreamName::Typing, &InstanceName::master()));
         assert_eq!(
             w.writers(&StreamName::Events),
-            Writers::Only(&[InstanceName::master()])
+            WriterList::Only(&[InstanceName::master()])
         );
         // `main` overrides `master` in instance_map, as Synapse does.
         assert_eq!(
@@ -273,7 +273,7 @@ mod tests {
     #[test]
     fn caches_is_everyone_with_redis_master_without() {
         let w = StreamWriters::from_value(json!({"redis": {"enabled": true}})).unwrap();
-        assert_eq!(w.writers(&StreamName::Caches), Writers::Any);
+        assert_eq!(w.writers(&StreamName::Caches), WriterList::Any);
         assert!(w.may_write(&StreamName::Caches, &name("anything")));
         assert_eq!(
             w.streams_written_by(&name("anything")),
@@ -289,7 +289,10 @@ mod tests {
     fn federation_stream_only_when_master_does_not_send() {
         let master = InstanceName::master();
         let default = StreamWriters::from_value(json!({})).unwrap();
-        assert_eq!(default.writers(&StreamName::Federation), Writers::Only(&[]));
+        assert_eq!(
+            default.writers(&StreamName::Federation),
+            WriterList::Only(&[])
+        );
         let legacy_off = StreamWriters::from_value(json!({"send_federation": false})).unwrap();
         assert!(legacy_off.may_write(&StreamName::Federation, &master));
         let senders =
@@ -406,7 +409,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             w.writers(&StreamName::Events),
-            Writers::Only(&[name("w1"), InstanceName::master()])
+            WriterList::Only(&[name("w1"), InstanceName::master()])
         );
     }
 

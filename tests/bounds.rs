@@ -82,7 +82,7 @@ fn a_full_tcp_command_sender_refuses_and_counts() {
     );
     let session = TcpClientSession::new("example.com", follower).expect("a session");
     let addr = format!("127.0.0.1:{}", closed_port());
-    let mut client = TcpClient::with_options(SmolRuntime, addr, session, options);
+    let mut client = TcpClient::with_config(SmolRuntime, addr, session, options);
     let sender = client.sender();
     fill_and_overflow(&sender, 3);
     assert_eq!(client.refused_commands(), 1);
@@ -125,7 +125,7 @@ fn a_full_redis_command_sender_refuses_and_counts() {
     );
     let config = RedisConfig::tcp("127.0.0.1", closed_port())
         .with_connect_timeout(Duration::from_millis(200));
-    let mut client = RedisClient::with_options(SmolRuntime, config, session, options);
+    let mut client = RedisClient::with_config(SmolRuntime, config, session, options);
     let sender = client.sender();
     fill_and_overflow(&sender, 2);
     assert_eq!(client.stats().refused_commands, 1);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use synapse_replication::positions::{
-    CatchUpId, CatchUpPage, Follower, FollowerEvent, FollowerLimits, RowSource, SeedError, Writer,
+    CatchUpId, CatchUpPage, Follower, FollowerEvent, FollowerLimits, RowOrigin, SeedError, Writer,
 };
 use synapse_replication::wire::{Command, LostRdata, RawRow, StreamName, Token};
 
@@ -37,7 +37,7 @@ fn render(event: &FollowerEvent) -> String {
             source,
         } => {
             let rows: Vec<&str> = rows.iter().map(RawRow::as_str).collect();
-            let source = if *source == RowSource::CatchUp {
+            let source = if *source == RowOrigin::CatchUp {
                 " [catch-up]"
             } else {
                 ""

@@ -24,7 +24,7 @@ use synapse_replication::positions::BoxError;
 
 use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
-use synapse_replication::config::InstanceLocation;
+use synapse_replication::config::{InstanceLocation, SynapseConfig};
 use synapse_replication::positions::{
     CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
@@ -227,6 +227,51 @@ fn the_crate_s_own_client_reads_what_the_server_answers() {
             "{error}"
         );
         assert_eq!((counters.pages(), counters.refused_secret()), (1, 1));
+    });
+}
+
+/// A server built from Synapse's configuration listens at the writer's
+/// `instance_map` address, checks the replication secret and serves only
+/// the streams `stream_writers` gives it.
+#[test]
+fn a_server_from_synapse_s_configuration_serves_where_the_deployment_looks() {
+    smol::block_on(async {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let synapse = SynapseConfig::from_value(serde_json::json!({
+            "server_name": "x",
+            "redis": {"enabled": true},
+            "worker_replication_secret": SECRET,
+            "stream_writers": {"typing": ["rust1"]},
+            "instance_map": {
+                "main": {"host": "127.0.0.1", "port": 1},
+                "rust1": {"host": "127.0.0.1", "port": port},
+            },
+        }))
+        .expect("a configuration");
+        let missing = HttpServer::from_synapse(SmolRuntime, &synapse, "nobody", history()).await;
+        assert_eq!(
+            missing.expect_err("no instance_map entry").kind(),
+            std::io::ErrorKind::NotFound
+        );
+        let server = HttpServer::from_synapse(SmolRuntime, &synapse, "rust1", history())
+            .await
+            .expect("a listener");
+        let addr = start(server);
+        assert_eq!(addr.port(), port);
+        let bearer = format!("Bearer {SECRET}");
+        let answer = raw(addr, catch_up_get("t1", Some(&bearer)).as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let answer = raw(addr, catch_up_get("t2", Some("Bearer wrong")).as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        let events = catch_up_get("t3", Some(&bearer)).replace("/typing/", "/events/");
+        let answer = raw(addr, events.as_bytes()).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("Unknown stream"),
+            "{answer}"
+        );
     });
 }
 

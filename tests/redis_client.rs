@@ -142,7 +142,7 @@ impl Node {
             Follower::new(me.clone(), registry.clone()),
             Writer::new(me, registry),
         );
-        let mut client = RedisClient::with_options(runtime, config, session, client_options);
+        let mut client = RedisClient::with_config(runtime, config, session, client_options);
         if let Some(log) = log {
             // A follower knows where it stands (Synapse's workers read it
             // from the database): from the writer's first row on. Without

@@ -118,7 +118,7 @@ fn run(server: &FakeServer, mut done: impl FnMut(&Seen, &FakeServer) -> bool) ->
     let mut options = RedisClientConfig::default();
     options.initial_backoff = Duration::from_millis(1);
     options.max_backoff = Duration::from_millis(5);
-    let mut client = RedisClient::with_options(SmolRuntime, config, session, options);
+    let mut client = RedisClient::with_config(SmolRuntime, config, session, options);
     let seen = Mutex::new(Seen::default());
     let deadline = Instant::now() + Duration::from_secs(20);
     smol::block_on(async {

@@ -21,17 +21,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use synapse_replication::positions::{BoxError, FollowerEvent};
-use synapse_replication::session::{RedisEvent, SentinelEvent};
+use synapse_replication::session::RedisEvent;
+use synapse_replication::session::sentinel::{
+    DiscoveryError, MasterAddr, NodeRole, SentinelError, SentinelEvent,
+};
 
 use bytes::{Bytes, BytesMut};
 use common::nodes::{Process, run_until};
 use common::redis_server::{RedisServer, TempDir};
 use synapse_replication::config::{AllowedMasters, RedisAuth, RedisConfig, StreamWriters};
-use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, RowSource, Writer};
+use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, RowOrigin, Writer};
 use synapse_replication::resp::{Frame, RespDecoder, encode_command};
-use synapse_replication::session::{
-    DiscoveryError, MasterAddr, NodeRole, RedisSession, SentinelError,
-};
+use synapse_replication::session::RedisSession;
 use synapse_replication::transport::{
     CatchUpSource, RedisClient, RedisClientConfig, Runtime, SmolRuntime, async_trait,
 };
@@ -308,7 +309,7 @@ impl Node {
             Follower::new(me.clone(), registry.clone()),
             Writer::new(me, registry),
         );
-        let mut client = RedisClient::with_options(runtime, config, session, fast_options());
+        let mut client = RedisClient::with_config(runtime, config, session, fast_options());
         if let Some(log) = log {
             client
                 .set_position(&StreamName::Events, &InstanceName::master(), Token(0))
@@ -353,8 +354,8 @@ impl Process for Node {
                 ..
             }) => {
                 match source {
-                    RowSource::Live => self.live_rows += rows.len(),
-                    RowSource::CatchUp => self.caught_up_rows += rows.len(),
+                    RowOrigin::Live => self.live_rows += rows.len(),
+                    RowOrigin::CatchUp => self.caught_up_rows += rows.len(),
                 }
                 self.rows.extend(rows.into_iter().map(|row| (token, row)));
             }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use synapse_replication::config::RedisAuth;
-use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowSource};
+use synapse_replication::positions::{CatchUpPage, FollowerEvent, RowOrigin};
 use synapse_replication::resp::{self, Frame, Limits, RespError};
 use synapse_replication::session::RedisLink::{Publisher, Subscriber};
 use synapse_replication::session::{
@@ -971,7 +971,7 @@ fn messages_reach_the_follower_the_writer_and_the_application() {
     };
     assert_eq!(
         (stream, writer.as_str(), *token, rows.len(), *source),
-        (&StreamName::Typing, "master", Token(6), 2, RowSource::Live)
+        (&StreamName::Typing, "master", Token(6), 2, RowOrigin::Live)
     );
     assert_eq!(rows[0].as_str(), TYPING_ROW);
     assert_eq!(rig.session.follower().counters().own_echoes, 1);

@@ -20,7 +20,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use synapse_replication::session::{SentinelEvent, TcpClientEvent};
+use synapse_replication::session::TcpClientEvent;
+use synapse_replication::session::sentinel::{
+    DiscoveryStep, SentinelDiscovery, SentinelEvent, SentinelTarget, SentinelWatch,
+};
 
 use bytes::Bytes;
 use common::redis_server::RedisServer;
@@ -32,8 +35,8 @@ use synapse_replication::positions::CatchUpEndpoint;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{
-    DiscoveryStep, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SentinelDiscovery,
-    SentinelTarget, SentinelWatch, TcpClientSession, TcpServerEvent, TcpServerSession,
+    RedisEvent, RedisLink, RedisSession, RedisSessionConfig, TcpClientSession, TcpServerEvent,
+    TcpServerSession,
 };
 use synapse_replication::transport::{RedisClient, SmolRuntime, TcpClient, TcpServer};
 use synapse_replication::wire::{Command, InstanceName, StreamName, Token, UserIp};

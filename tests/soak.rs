@@ -89,12 +89,12 @@ enum Pending {
     Resume(Instant),
 }
 
-struct Writers {
+struct WriterList {
     tokens: BTreeMap<StreamName, u64>,
     rows: u64,
 }
 
-impl Writers {
+impl WriterList {
     /// One tick of the flood: on each of master's streams a batch, a few
     /// single rows or nothing; on worker1's `caches` a row half the time.
     fn tick(&mut self, rng: &mut Rng, master: &mut Node, worker: &mut Node) {
@@ -237,7 +237,7 @@ async fn soak(runtime: Rt, plan: Plan) {
 
     let start = Instant::now();
     let end = start + duration;
-    let mut writers = Writers {
+    let mut writers = WriterList {
         tokens: BTreeMap::new(),
         rows: 0,
     };

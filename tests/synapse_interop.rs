@@ -45,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::synapse::{SynapseRig, segment, synapse_python};
 use serde_json::{Value, json};
 use synapse_replication::config::{RedisConfig, StreamWriters};
-use synapse_replication::positions::{Follower, FollowerEvent, RowSource, Writer};
+use synapse_replication::positions::{Follower, FollowerEvent, RowOrigin, Writer};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{CachesRow, EventsRowData, Row, StreamRow};
 use synapse_replication::transport::{
@@ -102,7 +102,7 @@ struct Batch {
     writer: String,
     token: i64,
     rows: Vec<RawRow>,
-    source: RowSource,
+    source: RowOrigin,
 }
 
 /// Everything a node's client reported, in order.
@@ -886,7 +886,7 @@ fn every_row_decodes_and_positions_match_synapse() {
             .collect();
         if let Some(last) = rows.last() {
             assert!(
-                rows.iter().all(|batch| batch.source == RowSource::Live),
+                rows.iter().all(|batch| batch.source == RowOrigin::Live),
                 "{stream}: all rows live"
             );
             assert!(
@@ -1100,7 +1100,7 @@ fn catch_up_over_http_after_a_disconnection() {
             && record.has_row_with("events", &last_missed)
             && record
                 .rows_of("events")
-                .any(|batch| batch.source == RowSource::CatchUp)
+                .any(|batch| batch.source == RowOrigin::CatchUp)
     });
 
     // Connected again: live rows flow to both.
@@ -1152,7 +1152,7 @@ fn catch_up_over_http_after_a_disconnection() {
         stayed
             .batches
             .iter()
-            .all(|batch| batch.source == RowSource::Live),
+            .all(|batch| batch.source == RowOrigin::Live),
         "the stayer needed no catch-up"
     );
 
@@ -1163,7 +1163,7 @@ fn catch_up_over_http_after_a_disconnection() {
     assert_eq!(seen_by_leaver, seen_live, "events rows, stayer vs leaver");
     let caught_up: Vec<i64> = second
         .rows_of("events")
-        .filter(|batch| batch.source == RowSource::CatchUp)
+        .filter(|batch| batch.source == RowOrigin::CatchUp)
         .map(|batch| batch.token)
         .collect();
     assert!(
@@ -1174,7 +1174,7 @@ fn catch_up_over_http_after_a_disconnection() {
         assert!(
             second
                 .rows_of("events")
-                .filter(|batch| batch.source == RowSource::CatchUp)
+                .filter(|batch| batch.source == RowOrigin::CatchUp)
                 .any(|batch| batch.rows.iter().any(|row| row.as_str().contains(event))),
             "{event} caught up"
         );
@@ -1182,7 +1182,7 @@ fn catch_up_over_http_after_a_disconnection() {
     assert!(
         second
             .rows_of("events")
-            .filter(|batch| batch.source == RowSource::CatchUp)
+            .filter(|batch| batch.source == RowOrigin::CatchUp)
             .any(|batch| batch
                 .rows
                 .iter()
@@ -1208,7 +1208,7 @@ fn catch_up_over_http_after_a_disconnection() {
         assert!(
             second
                 .rows_of(stream)
-                .any(|batch| batch.source == RowSource::CatchUp),
+                .any(|batch| batch.source == RowOrigin::CatchUp),
             "{stream}: caught up"
         );
         let live_rows = stayed.row_count(stream);

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use common::synapse::SynapseDeployment;
 use serde_json::{Value, json};
 use synapse_replication::config::{RedisConfig, StreamWriters};
-use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent, RowSource, Writer};
+use synapse_replication::positions::{CatchUpRequest, Follower, FollowerEvent, RowOrigin, Writer};
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{EventsRowData, Row};
 use synapse_replication::transport::{CatchUpSource, HttpCatchUp, RedisClient, SmolRuntime};
@@ -80,7 +80,7 @@ struct EvRow {
     event_id: String,
     writer: String,
     token: i64,
-    source: RowSource,
+    source: RowOrigin,
 }
 
 #[derive(Debug, Default)]
@@ -123,11 +123,11 @@ impl Record {
         writer: &InstanceName,
         token: i64,
         rows: Vec<RawRow>,
-        source: RowSource,
+        source: RowOrigin,
     ) {
         let count = match source {
-            RowSource::Live => &mut self.live_rows,
-            RowSource::CatchUp => &mut self.caught_up_rows,
+            RowOrigin::Live => &mut self.live_rows,
+            RowOrigin::CatchUp => &mut self.caught_up_rows,
         };
         *count.entry(stream.as_str().to_owned()).or_default() += rows.len();
         if *stream != StreamName::Events {
@@ -994,7 +994,7 @@ fn multi_writer_deployment_through_faults() {
     report.check(unanswered.is_empty(), || {
         format!("no answer to REPLICATE for {unanswered:?}")
     });
-    // Writers may write after answering (presence timers, caches): the
+    // WriterList may write after answering (presence timers, caches): the
     // follower must reach the last token each published since its answer.
     // Poll until it does, or the deadline.
     let deadline = Instant::now() + PATIENCE;
@@ -1052,7 +1052,7 @@ fn multi_writer_deployment_through_faults() {
     let live_ev = record
         .ev_rows
         .iter()
-        .filter(|row| row.source == RowSource::Live)
+        .filter(|row| row.source == RowOrigin::Live)
         .count();
     let total = |rows: &BTreeMap<String, usize>| rows.values().sum::<usize>();
     eprintln!("=== figures ===");

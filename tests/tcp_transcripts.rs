@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::pair::{Log, Pair, SERVER_NAME, client, client_summary, row, server, server_summary};
-use synapse_replication::positions::{CatchUpRequest, FollowerEvent, RowSource};
+use synapse_replication::positions::{CatchUpRequest, FollowerEvent, RowOrigin};
 use synapse_replication::session::{
     ConnectionState, SendError, TcpClientEvent, TcpError, TcpServerEvent, TcpSessionConfig,
 };
@@ -43,7 +43,7 @@ fn answer_catch_ups(pair: &mut Pair, log: &Log, page: usize) -> Vec<CatchUpReque
 }
 
 /// `(token, source)` of every `caches` row the client was given.
-fn caches_rows(pair: &Pair) -> Vec<(i64, RowSource, usize)> {
+fn caches_rows(pair: &Pair) -> Vec<(i64, RowOrigin, usize)> {
     pair.client_events
         .iter()
         .filter_map(|event| match event {
@@ -101,7 +101,7 @@ fn handshake() {
         pair.client_lines().last().unwrap(),
         r#"RDATA caches master 1 ["row",1]"#
     );
-    assert_eq!(caches_rows(&pair), [(1, RowSource::Live, 1)]);
+    assert_eq!(caches_rows(&pair), [(1, RowOrigin::Live, 1)]);
 }
 
 #[test]
@@ -593,11 +593,11 @@ fn reconnect_and_catch_up() {
         (1..=9).collect::<Vec<_>>(),
         "each row once, in order"
     );
-    assert!(rows[..3].iter().all(|r| r.1 == RowSource::Live));
-    assert!(rows[3..8].iter().all(|r| r.1 == RowSource::CatchUp));
+    assert!(rows[..3].iter().all(|r| r.1 == RowOrigin::Live));
+    assert!(rows[3..8].iter().all(|r| r.1 == RowOrigin::CatchUp));
     assert_eq!(
         rows[8].1,
-        RowSource::Live,
+        RowOrigin::Live,
         "held during the catch-up, then applied"
     );
     assert_eq!(
@@ -648,7 +648,7 @@ fn a_row_too_long_for_a_line_is_fetched_instead() {
     assert_eq!(tokens, [(1, 1), (2, 3), (3, 1)], "every row once, in order");
     assert_eq!(
         rows[..2].iter().map(|r| r.1).collect::<Vec<_>>(),
-        [RowSource::CatchUp; 2]
+        [RowOrigin::CatchUp; 2]
     );
 }
 
@@ -680,13 +680,13 @@ fn a_row_that_does_not_decode_closes_and_is_fetched_after_reconnecting() {
     let requests = answer_catch_ups(&mut pair, &log, 100);
     let ranges: Vec<(i64, i64)> = requests.iter().map(|r| (r.from.0, r.to.0)).collect();
     assert_eq!(ranges, [(1, 3)]);
-    let tokens: Vec<(i64, RowSource)> = caches_rows(&pair).iter().map(|r| (r.0, r.1)).collect();
+    let tokens: Vec<(i64, RowOrigin)> = caches_rows(&pair).iter().map(|r| (r.0, r.1)).collect();
     assert_eq!(
         tokens,
         [
-            (1, RowSource::Live),
-            (2, RowSource::CatchUp),
-            (3, RowSource::CatchUp)
+            (1, RowOrigin::Live),
+            (2, RowOrigin::CatchUp),
+            (3, RowOrigin::CatchUp)
         ]
     );
 }

@@ -242,10 +242,10 @@ fn run(args: &Args) -> ExitCode {
             }
         };
         let handle = TokioRuntime::new(runtime.handle().clone());
-        let mut client = RedisClient::with_options(handle, config, session, client_options);
+        let mut client = RedisClient::with_config(handle, config, session, client_options);
         runtime.block_on(follow(&mut client, args, &sentinel))
     } else {
-        let mut client = RedisClient::with_options(SmolRuntime, config, session, client_options);
+        let mut client = RedisClient::with_config(SmolRuntime, config, session, client_options);
         smol::block_on(follow(&mut client, args, &sentinel))
     };
     tally.finish()

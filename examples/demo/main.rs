@@ -82,7 +82,7 @@ use smol::LocalExecutor;
 use smol::channel::{Receiver, Sender};
 use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{
-    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowSource, Writer,
+    CatchUpPage, CatchUpRequest, Follower, FollowerEvent, RowOrigin, Writer,
 };
 use synapse_replication::session::{
     RedisEvent, RedisSession, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerEvent,
@@ -614,8 +614,8 @@ async fn follow(
             }) if writer == InstanceName::master() => {
                 let count = rows.len();
                 match source {
-                    RowSource::Live => held.live += count,
-                    RowSource::CatchUp => held.caught_up += count,
+                    RowOrigin::Live => held.live += count,
+                    RowOrigin::CatchUp => held.caught_up += count,
                 }
                 let applied = held.log.entry(stream.clone()).or_default();
                 applied.extend(rows.into_iter().map(|r| (token, r)));
@@ -643,7 +643,7 @@ async fn follow(
                 stream,
                 token,
                 rows: 0,
-                source: RowSource::Live,
+                source: RowOrigin::Live,
             }),
             Seen::Follower(FollowerEvent::CatchUp(request)) => {
                 report(Report::CatchUp { name, request });

@@ -15,7 +15,7 @@ use smol::Timer;
 use smol::channel::{Receiver, Sender};
 use smol::io::{AsyncReadExt, AsyncWriteExt};
 use synapse_replication::config::RedisConfig;
-use synapse_replication::positions::{CatchUpRequest, RowSource};
+use synapse_replication::positions::{CatchUpRequest, RowOrigin};
 use synapse_replication::resp::{self, Frame};
 use synapse_replication::wire::{StreamName, Token};
 
@@ -166,7 +166,7 @@ pub enum Report {
         stream: StreamName,
         token: Token,
         rows: usize,
-        source: RowSource,
+        source: RowOrigin,
     },
     /// A worker fetches rows it missed.
     CatchUp {
@@ -273,7 +273,7 @@ impl Observer {
                 let at = self.at.entry(key.clone()).or_insert(token);
                 *at = (*at).max(token);
                 if let Some((request, fetched)) = self.catching_up.get_mut(&key) {
-                    if source == RowSource::CatchUp {
+                    if source == RowOrigin::CatchUp {
                         *fetched += rows;
                     }
                     if token >= request.to {

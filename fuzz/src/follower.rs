@@ -28,7 +28,7 @@ use bytes::Bytes;
 use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{
     CatchUpId, CatchUpPage, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, RejectReason,
-    RowSource,
+    RowOrigin,
 };
 use synapse_replication::wire::{
     Command, InstanceName, Position, RawRow, Rdata, RdataToken, StreamName, Token,
@@ -161,7 +161,7 @@ impl Harness {
                             .insert((token, bytes)),
                         "rows {stream} {writer} {token} delivered twice"
                     );
-                    if source == RowSource::CatchUp {
+                    if source == RowOrigin::CatchUp {
                         let request = self.catch_ups.get(&key).expect("rows of no catch-up");
                         assert!(request.from < token && token <= request.to);
                     } else {

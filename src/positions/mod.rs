@@ -64,7 +64,7 @@ pub use catch_up::{
     STUCK_AFTER_FAILURES, StuckCatchUp,
 };
 pub use follower::{
-    Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, Rows,
+    Follower, FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowOrigin, Rows,
     SeedError,
 };
 pub use history::{History, HistoryError, HistoryMode, TARGET_ROW_COUNT};

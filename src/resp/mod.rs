@@ -1,4 +1,4 @@
-//! Layer 5, RESP: the Redis wire codec (RESP2 and RESP3), sans-IO.
+//! Layer 4, RESP: the Redis wire codec (RESP2 and RESP3), sans-IO.
 //!
 //! What this module does not do: open sockets, read clocks, or know which
 //! reply answers which command. It turns bytes from Redis into [`Frame`]s

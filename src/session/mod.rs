@@ -1,4 +1,4 @@
-//! Layer 4, sessions: sans-IO state machines that combine the wire codec
+//! Layer 5, sessions: sans-IO state machines that combine the wire codec
 //! and the replication core with a transport's connection rules.
 //!
 //! Over Redis, [`RedisSession`] is one process's pair of connections
@@ -106,10 +106,6 @@ pub use error::{Disconnect, SendError};
 pub use redis::{
     CommandCounts, RedisCounters, RedisError, RedisErrorReply, RedisEvent, RedisLink, RedisSession,
     RedisSessionConfig, RedisStats,
-};
-pub use sentinel::{
-    DiscoveryError, DiscoveryStep, MasterAddr, NodeRole, SentinelDiscovery, SentinelError,
-    SentinelEvent, SentinelTarget, SentinelWatch, WatchEvent,
 };
 
 pub use tcp::{

@@ -1,6 +1,7 @@
 //! The async driver for Redis replication: [`RedisClient`] keeps a
 //! [`RedisSession`]'s two connections up, forever.
 
+use crate::session::sentinel::{MasterAddr, SentinelEvent};
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
@@ -14,7 +15,6 @@ use crate::positions::{
 };
 use crate::session::{
     Disconnect, RedisEvent, RedisLink, RedisSession, RedisSessionConfig, RedisStats, SendError,
-    SentinelEvent,
 };
 use crate::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
@@ -27,7 +27,6 @@ use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelWatcher};
 use super::{Backoff, CatchUpSource};
 use crate::config::{ConfigError, RedisConfig, SynapseConfig};
-use crate::session::MasterAddr;
 
 /// Passes of a driver's poll before it yields to the executor.
 const BUDGET: usize = 32;
@@ -244,11 +243,11 @@ impl<R: Runtime> RedisClient<R> {
     /// The session's credentials and database are its own
     /// ([`RedisConfig::session_config`] fills them from `config`).
     pub fn new(runtime: R, config: RedisConfig, session: RedisSession) -> RedisClient<R> {
-        RedisClient::with_options(runtime, config, session, RedisClientConfig::default())
+        RedisClient::with_config(runtime, config, session, RedisClientConfig::default())
     }
 
     /// A client with the given options.
-    pub fn with_options(
+    pub fn with_config(
         runtime: R,
         config: RedisConfig,
         session: RedisSession,

@@ -136,11 +136,11 @@ impl<R: Runtime> TcpClient<R> {
     /// options. It connects on the first
     /// [`next_event`](TcpClient::next_event).
     pub fn new(runtime: R, addr: impl Into<String>, session: TcpClientSession) -> TcpClient<R> {
-        TcpClient::with_options(runtime, addr, session, TcpClientConfig::default())
+        TcpClient::with_config(runtime, addr, session, TcpClientConfig::default())
     }
 
     /// A client with the given options.
-    pub fn with_options(
+    pub fn with_config(
         runtime: R,
         addr: impl Into<String>,
         session: TcpClientSession,

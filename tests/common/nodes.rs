@@ -267,7 +267,7 @@ impl Node {
             Follower::new(me.clone(), registry.clone()),
             Writer::new(me, registry),
         );
-        let client = RedisClient::with_options(runtime, config, session, client)
+        let client = RedisClient::with_config(runtime, config, session, client)
             .with_catch_up(Arc::new(LogSource(logs.clone())));
         Node {
             name,

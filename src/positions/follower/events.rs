@@ -31,7 +31,7 @@ pub enum FollowerEvent {
         /// The rows, in the order written.
         rows: Rows,
         /// Whether they came live or from a catch-up.
-        source: RowSource,
+        source: RowOrigin,
     },
     /// The writer's position moved to `token` without rows (a `POSITION`
     /// with nothing missed, the end of a catch-up). It goes down only when
@@ -170,7 +170,7 @@ impl fmt::Display for FollowerEvent {
 
 /// Where rows came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RowSource {
+pub enum RowOrigin {
     /// `RDATA` on the connection.
     Live,
     /// A catch-up page.
@@ -290,7 +290,7 @@ pub struct FollowerCounters {
     pub positions_processed: u64,
     /// Redundant `POSITION`s dropped (tokens only grow, nothing new).
     pub positions_discarded: u64,
-    /// Writers forgotten to make room (see [`FollowerEvent::Forgotten`]).
+    /// WriterList forgotten to make room (see [`FollowerEvent::Forgotten`]).
     pub writers_forgotten: u64,
     /// Commands rejected (see [`FollowerEvent::Rejected`]).
     pub rejected: u64,

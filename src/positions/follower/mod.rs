@@ -9,7 +9,7 @@ mod rows;
 mod state;
 
 pub use events::{
-    FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowSource, SeedError,
+    FollowerCounters, FollowerEvent, FollowerLimits, RejectReason, RowOrigin, SeedError,
 };
 pub use rows::Rows;
 
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crate::wire::{
     Command, CommandKind, InstanceName, LostRdata, Position, Rdata, StreamName, Token,
 };
-use crate::writers::{WriterRegistry, Writers};
+use crate::writers::{WriterList, WriterRegistry};
 
 use super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
 use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
@@ -423,7 +423,7 @@ impl Follower {
 
     /// Applies one page of the answer to catch-up `id`.
     ///
-    /// Rows are delivered grouped by token ([`RowSource::CatchUp`]). A
+    /// Rows are delivered grouped by token ([`RowOrigin::CatchUp`]). A
     /// `limited` page yields a [`FollowerEvent::CatchUp`] for the next page
     /// (a new id); the last page moves the writer to the requested `to`
     /// ([`FollowerEvent::Position`]) and processes the writer's held
@@ -616,13 +616,13 @@ impl Follower {
     /// writers' positions (Synapse's `MultiWriterIdGenerator` persisted
     /// position, as seen by a process that writes nothing to the stream).
     ///
-    /// Writers the registry lists whose position is unknown are left out,
+    /// WriterList the registry lists whose position is unknown are left out,
     /// as Synapse assumes a writer it never heard of is at the stream's
     /// position. `None` when no writer's position is known.
     pub fn stream_position(&self, stream: &StreamName) -> Option<Token> {
         let state = self.streams.find(stream)?;
         match self.registry.writers(stream) {
-            Writers::Only(list) => list
+            WriterList::Only(list) => list
                 .iter()
                 .filter(|name| **name != self.own)
                 .filter_map(|name| state.writer(name)?.position)

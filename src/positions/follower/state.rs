@@ -8,7 +8,7 @@ use crate::wire::{InstanceName, Position, RawRow, Rdata, RdataToken, StreamName,
 
 use super::super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
 use super::super::tokens_only_grow;
-use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowSource, Rows};
+use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowOrigin, Rows};
 
 /// State shared by every stream.
 pub(super) struct Ctx {
@@ -704,7 +704,7 @@ impl StreamState {
             writer: rdata.instance,
             token,
             rows,
-            source: RowSource::Live,
+            source: RowOrigin::Live,
         });
     }
 
@@ -1071,7 +1071,7 @@ impl StreamState {
                 writer: writer.clone(),
                 token,
                 rows,
-                source: RowSource::CatchUp,
+                source: RowOrigin::CatchUp,
             });
         }
         if done {

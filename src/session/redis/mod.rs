@@ -978,8 +978,8 @@ impl RedisSession {
         }
     }
 
-    /// The options.
-    pub fn options(&self) -> &RedisSessionConfig {
+    /// Its configuration.
+    pub fn config(&self) -> &RedisSessionConfig {
         &self.options
     }
 

@@ -32,7 +32,9 @@
 //! round fails with every sentinel's reason ([`DiscoveryError`]).
 //!
 //! ```
-//! use synapse_replication::session::{DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelTarget};
+//! use synapse_replication::session::sentinel::{
+//!     DiscoveryStep, MasterAddr, SentinelDiscovery, SentinelTarget,
+//! };
 //!
 //! let mut round = SentinelDiscovery::new("mymaster", 2, 0, None, None);
 //! assert_eq!(round.poll_step(), Some(DiscoveryStep::Connect(SentinelTarget::Sentinel(0))));

@@ -36,8 +36,11 @@ use crate::positions::{
 };
 
 use super::hyper_io::HyperIo;
+use crate::config::{Endpoint, InstanceLocation, SynapseConfig};
 use crate::transport::CatchUpSource;
 use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use crate::wire::{InstanceName, StreamName};
+use crate::writers::WriterRegistry;
 
 mod limits;
 
@@ -400,6 +403,47 @@ impl<R: Runtime> HttpServer<R> {
         Ok(HttpServer::from_listener(
             runtime, listener, endpoint, source,
         ))
+    }
+
+    /// Serves the catch-up of the process `name` of the deployment
+    /// `synapse` describes, where its processes look for it: listening on
+    /// `name`'s `instance_map` address, checking the configuration's
+    /// replication secret, for the streams `stream_writers` gives `name`
+    /// (see [`CatchUpEndpoint::with_streams`]). To listen on another
+    /// address (all interfaces in a container, say), build the
+    /// [`CatchUpEndpoint`] and [`bind`](HttpServer::bind). An entry with
+    /// `tls: true` needs [`with_tls`](HttpServer::with_tls) too.
+    ///
+    /// Fails with [`io::ErrorKind::NotFound`] when `instance_map` has no
+    /// TCP address for `name`.
+    pub async fn from_synapse(
+        runtime: R,
+        synapse: &SynapseConfig,
+        name: impl Into<InstanceName>,
+        source: Arc<dyn CatchUpSource>,
+    ) -> io::Result<HttpServer<R>> {
+        let name = name.into();
+        let writers = synapse.writers();
+        let addr = match writers.location(&name).map(InstanceLocation::endpoint) {
+            Some(Endpoint::Tcp { host, port }) if host.contains(':') => format!("[{host}]:{port}"),
+            Some(Endpoint::Tcp { host, port }) => format!("{host}:{port}"),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("instance_map has no TCP address for {name}"),
+                ));
+            }
+        };
+        let streams = StreamName::KNOWN
+            .iter()
+            .filter(|stream| writers.is_configured(stream, &name))
+            .cloned();
+        let endpoint = CatchUpEndpoint::new(
+            name.clone(),
+            synapse.replication_secret().map(str::to_owned),
+        )
+        .with_streams(streams);
+        HttpServer::bind(runtime, &addr, endpoint, source).await
     }
 
     /// Serves on a listener already bound.

@@ -51,7 +51,7 @@ pub trait Dial {
     /// connected here: finding the master takes several connections over
     /// time, which the [`RedisClient`](crate::transport::RedisClient) makes
     /// (or your own driver, with
-    /// [`SentinelDiscovery`](crate::session::SentinelDiscovery)); this
+    /// [`SentinelDiscovery`](crate::session::sentinel::SentinelDiscovery)); this
     /// fails with kind `Unsupported`.
     fn connect(&self, runtime: &dyn Runtime) -> BoxFuture<'static, io::Result<BoxConnection>>;
 }
