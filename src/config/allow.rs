@@ -242,6 +242,23 @@ impl AllowedMasters {
     }
 }
 
+/// An allow-list from a URL or Synapse's section: at least one entry
+/// (none at all would refuse every master, surely not what was meant).
+pub(super) fn parse_allowed_masters<I, S>(entries: I) -> Result<AllowedMasters, ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let entries: Vec<S> = entries.into_iter().collect();
+    if entries.iter().all(|entry| entry.as_ref().trim().is_empty()) {
+        return Err(ConfigError::InvalidAllowedMaster {
+            key: None,
+            entry: String::new(),
+        });
+    }
+    AllowedMasters::parse(entries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,9 +22,11 @@
 //! types).
 
 mod allow;
+mod auth;
 mod endpoint;
 pub(crate) mod error;
 mod redis;
+mod redis_sentinel;
 mod redis_url;
 mod sentinel;
 mod synapse_redis;
@@ -32,9 +34,10 @@ mod tls;
 mod writers;
 
 pub use allow::AllowedMasters;
+pub use auth::RedisAuth;
 pub use endpoint::Endpoint;
 pub use error::ConfigError;
-pub use redis::{RedisAuth, RedisConfig};
+pub use redis::RedisConfig;
 pub use sentinel::{DEFAULT_SENTINEL_PORT, MAX_SENTINELS, SentinelConfig};
 pub use synapse_redis::SynapseRedisConfig;
 pub use tls::TlsConfig;

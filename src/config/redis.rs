@@ -1,6 +1,6 @@
 //! Where and how to reach Redis: [`RedisConfig`], read from a URL
 //! (`redis_url`) or from Synapse's `redis:` section (`synapse_redis`),
-//! and [`RedisAuth`]. Only the settings: the connection is the dialer's,
+//! and its sentinel form (`redis_sentinel`). Only the settings: the connection is the dialer's,
 //! in `transport`.
 
 use std::fmt;
@@ -8,30 +8,11 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::auth::RedisAuth;
 use super::endpoint::Endpoint;
 use super::error::ConfigError;
 use super::sentinel::SentinelConfig;
 use super::tls::{Tls, TlsCache, TlsConfig};
-
-/// A password for Redis, and the ACL user it belongs to (none: Redis'
-/// `default` user, the `requirepass` password). Its [`Debug`] output hides
-/// the password, so it can be logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisAuth {
-    /// The ACL user (Redis 6 and later); none for `requirepass`.
-    pub username: Option<String>,
-    /// The password.
-    pub password: String,
-}
-
-impl fmt::Debug for RedisAuth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisAuth")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
 
 /// How to reach Redis: where, the credentials, the database, TLS, and how
 /// long connecting may take.

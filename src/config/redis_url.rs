@@ -1,10 +1,12 @@
 //! Redis URLs: `redis://`, `rediss://`, `unix://`, `redis+sentinel://`
 //! and their spellings.
 
+use super::allow::parse_allowed_masters;
+use super::auth::RedisAuth;
 use super::endpoint::Endpoint;
 use super::error::{ConfigError, snippet};
-use super::redis::{RedisAuth, RedisConfig};
-use super::sentinel::{DEFAULT_SENTINEL_PORT, MAX_SENTINELS, parse_allowed_masters};
+use super::redis::RedisConfig;
+use super::sentinel::{DEFAULT_SENTINEL_PORT, MAX_SENTINELS};
 use super::tls::TlsConfig;
 
 impl RedisConfig {

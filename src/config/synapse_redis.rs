@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::allow::parse_allowed_masters;
+use super::auth::RedisAuth;
 use super::error::ConfigError;
-use super::redis::{RedisAuth, RedisConfig};
+use super::redis::RedisConfig;
 use super::redis_url::parse_authority_with;
-use super::sentinel::{DEFAULT_SENTINEL_PORT, parse_allowed_masters};
+use super::sentinel::DEFAULT_SENTINEL_PORT;
 use super::tls::TlsConfig;
 
 impl RedisConfig {

@@ -30,9 +30,10 @@ use crate::wire::{InstanceName, StreamName, snippet};
 
 use super::hyper_io::HyperIo;
 use crate::config::{InstanceLocation, StreamWriters, SynapseConfig, TlsCache, TlsConfig};
+use crate::positions::BoxError;
+use crate::transport::client::source::CatchUpSource;
 use crate::transport::net::dial;
 use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
-use crate::transport::{BoxError, CatchUpSource};
 
 /// How long one page may take, connecting included, by default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

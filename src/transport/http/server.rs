@@ -37,7 +37,7 @@ use crate::positions::{
 
 use super::hyper_io::HyperIo;
 use crate::config::{Endpoint, InstanceLocation, SynapseConfig};
-use crate::transport::CatchUpSource;
+use crate::transport::client::source::CatchUpSource;
 use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 use crate::wire::{InstanceName, StreamName};
 use crate::writers::WriterRegistry;

@@ -14,11 +14,12 @@ use crate::positions::{
 };
 use crate::wire::{InstanceName, StreamName};
 
-use super::runtime::{BoxFuture, Runtime};
-use super::{Backoff, CatchUpSource};
+use crate::transport::client::backoff::Backoff;
+use crate::transport::client::source::CatchUpSource;
+use crate::transport::runtime::{BoxFuture, Runtime};
 
 /// A session whose follower takes catch-up answers.
-pub(super) trait CatchUpTarget {
+pub(crate) trait CatchUpTarget {
     fn handle_catch_up(&mut self, id: CatchUpId, page: CatchUpPage) -> Result<(), CatchUpError>;
     fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError>;
 }
@@ -49,14 +50,14 @@ enum Fetched {
 }
 
 /// A fetch that failed; it is asked again after `retry_in`.
-pub(super) struct Failure {
-    pub(super) request: CatchUpRequest,
-    pub(super) error: BoxError,
-    pub(super) retry_in: Duration,
+pub(crate) struct Failure {
+    pub(crate) request: CatchUpRequest,
+    pub(crate) error: BoxError,
+    pub(crate) retry_in: Duration,
     /// Failures in a row of this writer's catch-up, this one included.
-    pub(super) failures: u32,
+    pub(crate) failures: u32,
     /// Set on the failure that makes the catch-up stuck.
-    pub(super) stuck: Option<StuckCatchUp>,
+    pub(crate) stuck: Option<StuckCatchUp>,
 }
 
 /// A (stream, writer) whose catch-up is failing.
@@ -69,7 +70,7 @@ struct Trouble {
 }
 
 /// The fetches of one driver.
-pub(super) struct CatchUps {
+pub(crate) struct CatchUps {
     source: Option<Arc<dyn CatchUpSource>>,
     fetches: FuturesUnordered<BoxFuture<'static, Fetched>>,
     initial: Duration,
@@ -79,7 +80,7 @@ pub(super) struct CatchUps {
 }
 
 impl CatchUps {
-    pub(super) fn new(initial: Duration, max: Duration) -> CatchUps {
+    pub(crate) fn new(initial: Duration, max: Duration) -> CatchUps {
         CatchUps {
             source: None,
             fetches: FuturesUnordered::new(),
@@ -91,7 +92,7 @@ impl CatchUps {
 
     /// The catch-ups that failed [`STUCK_AFTER_FAILURES`] times or more in
     /// a row and have not succeeded since.
-    pub(super) fn stuck(&self) -> Vec<StuckCatchUp> {
+    pub(crate) fn stuck(&self) -> Vec<StuckCatchUp> {
         let mut stuck: Vec<StuckCatchUp> = self
             .troubles
             .values()
@@ -102,21 +103,21 @@ impl CatchUps {
         stuck
     }
 
-    pub(super) fn set_source(&mut self, source: Arc<dyn CatchUpSource>) {
+    pub(crate) fn set_source(&mut self, source: Arc<dyn CatchUpSource>) {
         self.source = Some(source);
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.fetches.len()
     }
 
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.fetches = FuturesUnordered::new();
         self.troubles.clear();
     }
 
     /// Starts fetching `request`, if there is a source.
-    pub(super) fn start(&mut self, request: &CatchUpRequest) {
+    pub(crate) fn start(&mut self, request: &CatchUpRequest) {
         if let Some(source) = &self.source {
             let request = request.clone();
             let source = Arc::clone(source);
@@ -129,7 +130,7 @@ impl CatchUps {
 
     /// Applies the fetches that completed to `target`; reports failures,
     /// which are asked again after a backoff. True if anything completed.
-    pub(super) fn poll(
+    pub(crate) fn poll(
         &mut self,
         cx: &mut Context<'_>,
         runtime: &dyn Runtime,

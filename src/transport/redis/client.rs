@@ -19,14 +19,15 @@ use crate::session::{
 use crate::wire::{Command, InstanceName, RawRow, StreamName, Token};
 use crate::writers::WriterRegistry;
 
-use super::catch_ups::CatchUps;
-use super::command_queue::{CommandQueue, CommandSender, Queued};
-use super::net::dial::Dial;
-use super::net::socket::{Link, Timer};
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use super::sentinel::{FoundMaster, MasterSearch, SentinelWatcher};
-use super::{Backoff, CatchUpSource};
 use crate::config::{ConfigError, RedisConfig, SynapseConfig};
+use crate::transport::client::backoff::Backoff;
+use crate::transport::client::catch_ups::CatchUps;
+use crate::transport::client::command_queue::{CommandQueue, CommandSender, Queued};
+use crate::transport::client::source::CatchUpSource;
+use crate::transport::net::dial::Dial;
+use crate::transport::net::socket::{Link, Timer};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// Passes of a driver's poll before it yields to the executor.
 const BUDGET: usize = 32;
@@ -53,7 +54,7 @@ pub struct RedisClientConfig {
     /// turns of [`next_event`](RedisClient::next_event) (4096, see
     /// [`CommandSender::DEFAULT_CAPACITY`]). Beyond it
     /// [`CommandSender::send`] refuses with
-    /// [`CommandSendError::Full`](super::CommandSendError::Full), counted
+    /// [`CommandSendError::Full`](crate::transport::CommandSendError::Full), counted
     /// in [`RedisStats::refused_commands`] ([`RedisClient::stats`]). 0
     /// refuses every command.
     pub command_queue: usize,
@@ -230,8 +231,9 @@ impl<R: Runtime> RedisClient<R> {
         );
         let client = RedisClient::new(runtime.clone(), config, session);
         #[cfg(feature = "http-catch-up")]
-        let client =
-            client.with_catch_up(Arc::new(super::HttpCatchUp::from_synapse(runtime, synapse)));
+        let client = client.with_catch_up(Arc::new(
+            crate::transport::http::catch_up::HttpCatchUp::from_synapse(runtime, synapse),
+        ));
         #[cfg(not(feature = "http-catch-up"))]
         drop(runtime);
         Ok(client)

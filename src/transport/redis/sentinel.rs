@@ -17,10 +17,10 @@ use crate::session::sentinel::{
     SentinelTarget, SentinelWatch, WatchEvent,
 };
 
-use super::Backoff;
-use super::net::dial;
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
 use crate::config::{Endpoint, RedisConfig};
+use crate::transport::client::backoff::Backoff;
+use crate::transport::net::dial;
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// The master a [`MasterSearch`] found, and the connection that checked
 /// its role.

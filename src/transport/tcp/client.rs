@@ -17,11 +17,12 @@ use crate::session::{
 };
 use crate::wire::{Command, CommandKind, InstanceName, Side, StreamName, Token};
 
-use super::catch_ups::CatchUps;
-use super::command_queue::{CommandQueue, CommandSender, Queued};
-use super::net::socket::{BUDGET, Link, Timer};
-use super::runtime::{BoxConnection, BoxFuture, Runtime};
-use super::{Backoff, CatchUpSource};
+use crate::transport::client::backoff::Backoff;
+use crate::transport::client::catch_ups::CatchUps;
+use crate::transport::client::command_queue::{CommandQueue, CommandSender, Queued};
+use crate::transport::client::source::CatchUpSource;
+use crate::transport::net::socket::{BUDGET, Link, Timer};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
 /// Options of a [`TcpClient`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +47,7 @@ pub struct TcpClientConfig {
     /// Commands the client's [`CommandSender`]s may queue between two
     /// turns of [`next_event`](TcpClient::next_event) (4096, see
     /// [`CommandSender::DEFAULT_CAPACITY`]). Beyond it
-    /// [`CommandSender::send`] refuses with [`CommandSendError::Full`](super::CommandSendError::Full),
+    /// [`CommandSender::send`] refuses with [`CommandSendError::Full`](crate::transport::CommandSendError::Full),
     /// counted in [`TcpClient::refused_commands`]. 0 refuses every command.
     pub command_queue: usize,
 }

@@ -68,8 +68,8 @@ struct QueueCount {
     shutdown: AtomicBool,
 }
 
-/// Sends commands to a [`TcpClient`](super::TcpClient) or a
-/// [`RedisClient`](super::RedisClient) from other tasks, and writes rows
+/// Sends commands to a [`TcpClient`](crate::transport::TcpClient) or a
+/// [`RedisClient`](crate::transport::RedisClient) from other tasks, and writes rows
 /// through a `RedisClient`; they are sent during the client's next
 /// `next_event`, in the order queued.
 ///
@@ -156,14 +156,14 @@ impl CommandSender {
 }
 
 /// The client's end of the command queue.
-pub(super) struct CommandQueue {
+pub(crate) struct CommandQueue {
     receiver: mpsc::UnboundedReceiver<Queued>,
     count: Arc<QueueCount>,
 }
 
 impl CommandQueue {
     /// A queue of `capacity` commands, and a sender to clone.
-    pub(super) fn new(capacity: usize) -> (CommandQueue, CommandSender) {
+    pub(crate) fn new(capacity: usize) -> (CommandQueue, CommandSender) {
         let (sender, receiver) = mpsc::unbounded();
         let count = Arc::new(QueueCount {
             capacity,
@@ -179,7 +179,7 @@ impl CommandQueue {
     }
 
     /// The next command or write queued, if any.
-    pub(super) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Queued>> {
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Queued>> {
         let next = self.receiver.poll_next_unpin(cx);
         if let Poll::Ready(Some(_)) = &next {
             self.count.len.fetch_sub(1, Ordering::AcqRel);
@@ -188,17 +188,17 @@ impl CommandQueue {
     }
 
     /// Refuses every command from now on ([`CommandSendError::Closed`]).
-    pub(super) fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.receiver.close();
     }
 
     /// Whether [`CommandSender::shutdown`] was called.
-    pub(super) fn shutdown_requested(&self) -> bool {
+    pub(crate) fn shutdown_requested(&self) -> bool {
         self.count.shutdown.load(Ordering::Acquire)
     }
 
     /// Commands refused because the queue was full.
-    pub(super) fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.count.refused.load(Ordering::Relaxed)
     }
 }

@@ -13,8 +13,8 @@ use crate::session::{
     ConnectionState, Disconnect, TcpClientId, TcpError, TcpServerEvent, TcpServerSession,
 };
 
-use super::net::socket::{BUDGET, Link, Timer};
-use super::runtime::{BoxFuture, Listener, Runtime};
+use crate::transport::net::socket::{BUDGET, Link, Timer};
+use crate::transport::runtime::{BoxFuture, Listener, Runtime};
 
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
