@@ -1243,3 +1243,146 @@ fn a_row_that_cannot_be_read_is_fetched_not_stepped_over() {
     assert_eq!(counters.rdata_lost, 3);
     assert_eq!(counters.rdata_unattributed, 3);
 }
+
+#[test]
+fn a_forged_row_ahead_hides_no_row_lost_with_a_connection() {
+    // A forged row lands ahead of w1 and jumps over tokens w1 had not
+    // reached. The follower's connection drops while w1 writes in them;
+    // w1's answer to the follower's REPLICATE says it was at 6 (a
+    // writer's prev is never below a row it published), inside what the
+    // forged row jumped over: its rows up to there are fetched, not
+    // stepped over as `prev <= current` would.
+    let script = run(
+        "master",
+        r#"
+        > !seed caches w1 0
+        > !connect
+        > POSITION caches w1 0 0
+        > RDATA caches w1 12 ["forged"]
+        < rows caches w1 12 ["forged"]
+        > !disconnect
+        > !connect
+        > POSITION caches w1 6 13
+        < catch-up #1 caches w1 (0, 13]
+        > !page 1 {"updates":[[6,["c","6a"]],[6,["c","6b"]]],"upto_token":13,"limited":false}
+        < rows caches w1 6 ["c","6a"] ["c","6b"] [catch-up]
+        < position caches w1 13
+        # the writer answered for every token up to 13: its rows there
+        # are stale now, and its next POSITIONs fetch nothing
+        > RDATA caches w1 6 ["c","6b"]
+        > POSITION caches w1 13 14
+        < position caches w1 14
+        > RDATA caches w1 15 ["c","15"]
+        < rows caches w1 15 ["c","15"]
+        "#,
+    );
+    assert_eq!(script.follower.counters().claims_refuted, 1);
+    assert_eq!(
+        script.follower.resume_point(&stream("caches"), &name("w1")),
+        Some(Token(15))
+    );
+}
+
+#[test]
+fn a_catch_up_settles_the_tokens_a_forged_row_jumped_over() {
+    // w1 moves inside what a forged row jumped over: fetched (nothing is
+    // there). Once w1 answered up to 6, the next catch-up starts there.
+    run(
+        "master",
+        r#"
+        > !seed caches w1 0
+        > !connect
+        > POSITION caches w1 0 0
+        > RDATA caches w1 12 ["forged"]
+        < rows caches w1 12 ["forged"]
+        > POSITION caches w1 0 6
+        < catch-up #1 caches w1 (0, 6]
+        > !page 1 {"updates":[],"upto_token":6,"limited":false}
+        < position caches w1 12
+        # nothing in (6, 13], says w1, where a row was delivered: one of
+        # the two was forged, and w1 settles it
+        > POSITION caches w1 6 13
+        < catch-up #2 caches w1 (6, 13]
+        > !page 2 {"updates":[],"upto_token":13,"limited":false}
+        < position caches w1 13
+        > POSITION caches w1 13 14
+        < position caches w1 14
+        > RDATA caches w1 15 ["c","15"]
+        < rows caches w1 15 ["c","15"]
+        "#,
+    );
+}
+
+#[test]
+fn a_claim_that_contradicts_a_row_is_fetched_not_taken() {
+    // A forged POSITION claims (2, 9] empty and comes twice; the first
+    // one's catch-up finds w1 at 3, with a row there. The second, held
+    // behind it, is refuted by that row: taken, it would have hidden
+    // w1's next rows when a lost connection took them (w1 then only
+    // announces 9 9).
+    let script = run(
+        "w2",
+        r#"
+        > !seed events w1 0
+        > !connect
+        > POSITION events w1 0 0
+        > POSITION events w1 2 9
+        < catch-up #1 events w1 (0, 9]
+        > POSITION events w1 2 9
+        > !page 1 {"updates":[[1,["ev","$1"]],[3,["ev","$3"]]],"upto_token":3,"limited":false}
+        < rows events w1 1 ["ev","$1"] [catch-up]
+        < rows events w1 3 ["ev","$3"] [catch-up]
+        < position events w1 3
+        < catch-up #2 events w1 (3, 9]
+        > !page 2 {"updates":[],"upto_token":3,"limited":false}
+        < position events w1 3
+        # w1 writes 4 to 9; the follower's connection drops meanwhile
+        > !disconnect
+        > !connect
+        > POSITION events w1 9 9
+        < catch-up #3 events w1 (3, 9]
+        > !page 3 {"updates":[[4,["ev","$4"]],[9,["ev","$9"]]],"upto_token":9,"limited":false}
+        < rows events w1 4 ["ev","$4"] [catch-up]
+        < rows events w1 9 ["ev","$9"] [catch-up]
+        < position events w1 9
+        "#,
+    );
+    assert_eq!(script.follower.counters().claims_refuted, 3);
+}
+
+#[test]
+fn a_forged_row_inside_what_another_jumped_over_hides_no_row() {
+    // Two forged rows just ahead of w1, the higher first. The lower one
+    // lands inside what the first jumped over, below it: one of the two
+    // was forged (w1's rows come in order). Taken as it comes, it would
+    // make w1's rows below it stale; the writer's rows up to it are
+    // fetched instead.
+    let script = run(
+        "master",
+        r#"
+        > !seed caches w1 0
+        > !connect
+        > POSITION caches w1 0 0
+        > RDATA caches w1 5 ["forged"]
+        < rows caches w1 5 ["forged"]
+        > RDATA caches w1 4 ["forged"]
+        < catch-up #1 caches w1 (0, 4]
+        # w1 is at 3: its rows there are fetched
+        > !page 1 {"updates":[[1,["c","1"]],[2,["c","2"]]],"upto_token":3,"limited":false}
+        < rows caches w1 1 ["c","1"] [catch-up]
+        < rows caches w1 2 ["c","2"] [catch-up]
+        < position caches w1 5
+        # and come live too: delivered once
+        > RDATA caches w1 1 ["c","1"]
+        > RDATA caches w1 2 ["c","2"]
+        # nothing in (2, 6], says w1, where a row was delivered
+        > POSITION caches w1 2 6
+        < catch-up #2 caches w1 (3, 6]
+        > !page 2 {"updates":[],"upto_token":6,"limited":false}
+        < position caches w1 6
+        > RDATA caches w1 7 ["c","7"]
+        < rows caches w1 7 ["c","7"]
+        "#,
+    );
+    assert_eq!(script.follower.counters().claims_refuted, 3);
+}

@@ -918,8 +918,8 @@ fn cases() -> u32 {
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "proptest-regressions/model.txt",
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel(
+            "proptest-regressions",
         ))),
         ..ProptestConfig::default()
     })]

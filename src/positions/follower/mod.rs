@@ -105,6 +105,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   [`FollowerCounters::claims_refuted`]). A `POSITION` below the
 ///   position, on a stream whose tokens only grow, proves the higher claim
 ///   false too: the follower goes back to its rows and checks the gap.
+///   A `POSITION` whose `prev` is below the last row delivered (a writer
+///   never announces a `prev` below a row it published) is not taken
+///   either: that row or the announcement was forged, and what it claims
+///   is fetched (the rows that would refute it may be lost with a
+///   connection).
 /// - A catch-up answer that stops short of what was asked (`upto` below
 ///   `to`, not limited) says the writer is not there: the follower takes
 ///   that, not the request. [`History`](super::History), the crate's own
@@ -115,8 +120,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   rows up to it are fetched instead, so a row forged far ahead never
 ///   lands. A forged row within that distance lands (rows are not
 ///   signed), but hides nothing: the tokens it jumped over stay open, so
-///   the writer's rows below it are still delivered when they come, and a
-///   catch-up after a lost connection fetches them; a row of the writer's
+///   the writer's rows below it are still delivered when they come
+///   (fetched up to each: a live row below the last one says one of the
+///   two was forged), and a catch-up after a lost connection fetches
+///   them; a catch-up settles the tokens it covered. A row of the writer's
 ///   at the very token of a forged one (other rows at that token) is
 ///   delivered too ([`FollowerCounters::rows_contested`]).
 /// - What to persist is [`Follower::resume_points`]: never beyond a row
@@ -127,7 +134,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// make the follower fetch (each refuted claim costs a catch-up); close a
 /// writer's open batch with a forged numbered row (the batch's rows are
 /// then delivered under the forged token, and once more with their own
-/// if a catch-up later fetches them); and, in the moment after this
+/// if a catch-up later fetches them); with a second forged row that
+/// jumps above a first, reopen only what the second jumped over (one
+/// range of open tokens is kept per writer), so that the writer's rows
+/// below the first then look stale; and, in the moment after this
 /// follower (re)connects, announce a writer before the writer does: an
 /// announcement at the follower's own position, or one claiming the
 /// range above it, hides the rows that writer wrote while the follower

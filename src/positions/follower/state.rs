@@ -314,6 +314,12 @@ impl WriterState {
         }
     }
 
+    /// Whether `token` is below a row delivered (not a seed or a first
+    /// announcement).
+    fn below_last_row(&self, token: Token) -> bool {
+        token < self.floor && self.floor_print != 0
+    }
+
     #[inline]
     fn in_hole(&self, token: Token) -> bool {
         self.hole.0 < token && token < self.hole.1
@@ -326,6 +332,16 @@ impl WriterState {
             self.hole.0
         } else {
             from
+        }
+    }
+
+    /// The writer answered a catch-up for every token up to `reached`:
+    /// the hole below that is settled, its rows delivered or never
+    /// written. (A catch-up starts at or below the hole: see
+    /// [`WriterState::catch_up_start`].)
+    fn settle_hole(&mut self, reached: Token) {
+        if self.hole.0 < reached {
+            self.hole.0 = reached.min(self.hole.1);
         }
     }
 
@@ -667,6 +683,18 @@ impl StreamState {
                 return;
             }
         }
+        if token < w.floor {
+            // Inside the hole (not stale): below the row atop it, which the
+            // writer's own rows never come below, so one of the two was
+            // forged. None of the hole's rows was delivered: the writer's
+            // up to this one are fetched (taking this one as it comes
+            // would make those below it stale).
+            ctx.counters.claims_refuted += 1;
+            w.clear_batch(ctx);
+            let from = w.hole.0;
+            self.start_catch_up(wi, from, token, ctx);
+            return;
+        }
         if token <= position && token > w.floor {
             // A row inside a range a `POSITION` said was empty: that claim
             // was false (a forged line), and it may have hidden rows lost
@@ -847,7 +875,15 @@ impl StreamState {
             ctx.counters.unproven_checked += 1;
         }
         w.unproven = false;
-        if current == new || (trusted && prev <= current) {
+        if w.below_last_row(prev) {
+            // A writer's `prev` is never below a row it published: this
+            // announcement or the last row delivered was forged. Neither
+            // is taken: the writer's answer says what lies between (rows
+            // that would have refuted a false claim may be lost with a
+            // connection), down to the bottom of the hole if the row
+            // jumped one.
+            ctx.counters.claims_refuted += 1;
+        } else if current == new || (trusted && prev <= current) {
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
@@ -992,6 +1028,7 @@ impl StreamState {
             return;
         };
         ctx.counters.catch_ups_completed += 1;
+        w.settle_hole(reached);
         let position = if reached < catch_up.to {
             // The writer has not reached what it was said to be at: that
             // claim was false. Back to its rows.
