@@ -21,7 +21,10 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::faults::{RawRedis, Rng, Warnings};
-use common::nodes::{Logs, Node, PREFIX, Process, Rt, poll_nodes, row, run_for, run_until};
+use common::nodes::{
+    Logs, Node, PREFIX, Process, Rt, both_ready_and_following, caught_up, events_node, poll_nodes,
+    row, run_for, run_until, write_events,
+};
 use common::redis_server::RedisServer;
 use synapse_replication::config::RedisConfig;
 use synapse_replication::resp::Frame;
@@ -62,67 +65,10 @@ fn master_and_worker(
     logs: &Logs,
     options: &RedisClientConfig,
 ) -> (Node, Node) {
-    let mut writer = Node::new(
-        "master",
-        runtime.clone(),
-        config.clone(),
-        logs,
-        options.clone(),
-        |_| {},
-    );
-    writer
-        .client
-        .advance(&StreamName::Events, Token(0))
-        .expect("master writes events");
-    let mut worker = Node::new(
-        "worker1",
-        runtime.clone(),
-        config.clone(),
-        logs,
-        options.clone(),
-        |_| {},
-    );
-    worker.follow_from_start(&StreamName::Events, &master());
-    (writer, worker)
-}
-
-/// Tokens `from..=to` of `events`: every third a batch of three rows.
-fn write_events(writer: &mut Node, from: u64, to: u64) {
-    for n in from..=to {
-        let parts = if n % 3 == 0 { 3 } else { 1 };
-        let rows = (0..parts)
-            .map(|part| row(&StreamName::Events, n, part, 0))
-            .collect();
-        writer.write(&StreamName::Events, Token(n as i64), rows);
-    }
-}
-
-async fn both_ready_and_following(runtime: &Rt, writer: &mut Node, worker: &mut Node) {
-    run_until(
-        runtime,
-        &mut [&mut *writer, &mut *worker],
-        "both ready, the writer followed",
-        PATIENCE,
-        |nodes| {
-            nodes.iter().all(|node| node.ready > 0)
-                && nodes[1]
-                    .client
-                    .follower()
-                    .is_writer_connected(&StreamName::Events, &master())
-        },
+    (
+        events_node("master", runtime, config, logs, options.clone(), |_| {}),
+        events_node("worker1", runtime, config, logs, options.clone(), |_| {}),
     )
-    .await;
-}
-
-async fn caught_up(runtime: &Rt, writer: &mut Node, worker: &mut Node, what: &str) {
-    run_until(
-        runtime,
-        &mut [&mut *writer, &mut *worker],
-        what,
-        PATIENCE,
-        |nodes| nodes[1].caught_up(&StreamName::Events, &master()),
-    )
-    .await;
 }
 
 // --- Redis comes up after its clients -------------------------------------

@@ -19,7 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::faults::Warnings;
-use common::nodes::{Logs, Node, Process, Rt, row, run_for, run_until};
+use common::nodes::{
+    Logs, Node, Process, Rt, both_ready_and_following, caught_up, events_node, run_for, run_until,
+    write_events,
+};
 use common::proxy::Proxy;
 use common::redis_server::RedisServer;
 use synapse_replication::config::{RedisConfig, StreamWriters};
@@ -61,79 +64,17 @@ fn master_and_worker(
     )
 }
 
-/// `master`, writing `events` (announced at 0).
 fn writer_node(config: &RedisConfig, logs: &Logs, tune: impl Fn(&mut RedisSessionConfig)) -> Node {
-    let mut writer = Node::new(
-        "master",
-        runtime(),
-        config.clone(),
-        logs,
-        fast_options(),
-        tune,
-    );
-    writer
-        .client
-        .advance(&StreamName::Events, Token(0))
-        .expect("master writes events");
-    writer
+    events_node("master", &runtime(), config, logs, fast_options(), tune)
 }
 
-/// `worker1`, following master's `events` from the start.
 fn worker_node(config: &RedisConfig, logs: &Logs, tune: impl Fn(&mut RedisSessionConfig)) -> Node {
-    let mut worker = Node::new(
-        "worker1",
-        runtime(),
-        config.clone(),
-        logs,
-        fast_options(),
-        tune,
-    );
-    worker.follow_from_start(&StreamName::Events, &master());
-    worker
+    events_node("worker1", &runtime(), config, logs, fast_options(), tune)
 }
 
-/// Token `n` of `events` on `writer`: every third a batch of three rows.
+/// Token `n` of `events` on `writer`.
 fn write_event(writer: &mut Node, n: u64) {
-    let parts = if n.is_multiple_of(3) { 3 } else { 1 };
-    let rows = (0..parts)
-        .map(|part| row(&StreamName::Events, n, part, 0))
-        .collect();
-    writer.write(&StreamName::Events, Token(n as i64), rows);
-}
-
-/// Tokens `from..=to` of `events`.
-fn write_events(writer: &mut Node, from: u64, to: u64) {
-    for n in from..=to {
-        write_event(writer, n);
-    }
-}
-
-async fn both_ready_and_following(runtime: &Rt, writer: &mut Node, worker: &mut Node) {
-    run_until(
-        runtime,
-        &mut [&mut *writer, &mut *worker],
-        "both ready, the writer followed",
-        PATIENCE,
-        |nodes| {
-            nodes.iter().all(|node| node.ready > 0)
-                && nodes[1]
-                    .client
-                    .follower()
-                    .is_writer_connected(&StreamName::Events, &master())
-        },
-    )
-    .await;
-}
-
-async fn caught_up(runtime: &Rt, writer: &mut Node, worker: &mut Node, what: &str) {
-    run_until(
-        runtime,
-        &mut [&mut *writer, &mut *worker],
-        what,
-        PATIENCE,
-        |nodes| nodes[1].caught_up(&StreamName::Events, &master()),
-    )
-    .await;
+    write_events(writer, n, n);
 }
 
 /// Whether a disconnection's reason is the keep-alive's: the session gave

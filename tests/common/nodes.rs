@@ -471,3 +471,72 @@ pub fn row(stream: &StreamName, n: u64, part: usize, pad: usize) -> RawRow {
     };
     RawRow::new(bytes::Bytes::from(json)).expect("a valid row")
 }
+
+// --- A writer of `events` and its follower ---------------------------------
+
+/// Stops a wait that would hang; never reached when things work.
+const PAIR_PATIENCE: Duration = Duration::from_secs(60);
+
+/// `master` writing `events` (announced at 0), or (any other `name`) a
+/// process following master's `events` from the start; with `options` and
+/// the session options `tune` makes.
+pub fn events_node(
+    name: &'static str,
+    runtime: &Rt,
+    config: &RedisConfig,
+    logs: &Logs,
+    options: RedisClientConfig,
+    tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
+) -> Node {
+    let mut node = Node::new(name, runtime.clone(), config.clone(), logs, options, tune);
+    if name == "master" {
+        node.client
+            .advance(&StreamName::Events, Token(0))
+            .expect("master writes events");
+    } else {
+        node.follow_from_start(&StreamName::Events, &InstanceName::master());
+    }
+    node
+}
+
+/// Tokens `from..=to` of `events` on `writer`: every third a batch of
+/// three rows.
+pub fn write_events(writer: &mut Node, from: u64, to: u64) {
+    for n in from..=to {
+        let parts = if n.is_multiple_of(3) { 3 } else { 1 };
+        let rows = (0..parts)
+            .map(|part| row(&StreamName::Events, n, part, 0))
+            .collect();
+        writer.write(&StreamName::Events, Token(n as i64), rows);
+    }
+}
+
+/// Until both are ready and `worker` follows `writer`'s `events` live.
+pub async fn both_ready_and_following(runtime: &Rt, writer: &mut Node, worker: &mut Node) {
+    run_until(
+        runtime,
+        &mut [&mut *writer, &mut *worker],
+        "both ready, the writer followed",
+        PAIR_PATIENCE,
+        |nodes| {
+            nodes.iter().all(|node| node.ready > 0)
+                && nodes[1]
+                    .client
+                    .follower()
+                    .is_writer_connected(&StreamName::Events, &InstanceName::master())
+        },
+    )
+    .await;
+}
+
+/// Until `worker` holds every row of `writer`'s `events` log.
+pub async fn caught_up(runtime: &Rt, writer: &mut Node, worker: &mut Node, what: &str) {
+    run_until(
+        runtime,
+        &mut [&mut *writer, &mut *worker],
+        what,
+        PAIR_PATIENCE,
+        |nodes| nodes[1].caught_up(&StreamName::Events, &InstanceName::master()),
+    )
+    .await;
+}
