@@ -1386,3 +1386,29 @@ fn a_forged_row_inside_what_another_jumped_over_hides_no_row() {
     );
     assert_eq!(script.follower.counters().claims_refuted, 3);
 }
+
+#[test]
+fn a_contradiction_with_nothing_between_asks_for_nothing() {
+    // A claim ahead of w1's last row (2, above its row at 1), then a
+    // forged POSITION whose prev lies below that row: the claim is refuted
+    // back to the row, which is where the forged POSITION ends, so there
+    // is nothing to fetch: no catch-up for the empty range (1, 1].
+    let script = run(
+        "master",
+        r#"
+        > !seed caches w1 0
+        > !connect
+        > POSITION caches w1 0 0
+        > RDATA caches w1 1 ["c","1"]
+        < rows caches w1 1 ["c","1"]
+        > POSITION caches w1 1 2
+        < position caches w1 2
+        > POSITION caches w1 0 1
+        < position caches w1 1
+        > RDATA caches w1 3 ["c","3"]
+        < rows caches w1 3 ["c","3"]
+        "#,
+    );
+    assert_eq!(script.follower.counters().claims_refuted, 2);
+    assert_eq!(script.follower.counters().catch_ups_requested, 0);
+}

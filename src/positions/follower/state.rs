@@ -875,15 +875,19 @@ impl StreamState {
             ctx.counters.unproven_checked += 1;
         }
         w.unproven = false;
-        if w.below_last_row(prev) {
-            // A writer's `prev` is never below a row it published: this
-            // announcement or the last row delivered was forged. Neither
-            // is taken: the writer's answer says what lies between (rows
-            // that would have refuted a false claim may be lost with a
-            // connection), down to the bottom of the hole if the row
-            // jumped one.
+        // A writer's `prev` is never below a row it published: this
+        // announcement or the last row delivered was forged. Neither is
+        // taken: the writer's answer says what lies between (rows that
+        // would have refuted a false claim may be lost with a connection),
+        // down to the bottom of the hole if the row jumped one. With
+        // nothing between (the claim was already refuted down to `new`),
+        // there is nothing to ask.
+        let contradicted = w.below_last_row(prev);
+        if contradicted {
             ctx.counters.claims_refuted += 1;
-        } else if current == new || (trusted && prev <= current) {
+        }
+        let fetch = contradicted && w.catch_up_start(current) < new;
+        if !fetch && (current == new || (!contradicted && trusted && prev <= current)) {
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
