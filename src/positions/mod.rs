@@ -56,6 +56,7 @@
 mod catch_up;
 mod follower;
 mod history;
+mod replication;
 mod serve;
 mod writer;
 
@@ -68,6 +69,12 @@ pub use follower::{
     SeedError,
 };
 pub use history::{History, HistoryError, HistoryMode, TARGET_ROW_COUNT};
+pub use replication::{
+    CacheLookup, CachedAnswer, MAX_POSITIONS, Method, RemoteError, ReplicationAnswer,
+    ReplicationApi, ReplicationEndpoint, ReplicationError, ReplicationRequest, ResponseCache,
+    Route, STREAM_POSITIONS_KEY, StreamPositions, WAIT_FOR_POSITIONS, answer_body, call_body,
+    fingerprint, read_answer,
+};
 pub use serve::{
     CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
 };

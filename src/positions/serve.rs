@@ -222,7 +222,7 @@ pub fn internal_error_body() -> String {
 }
 
 /// `{"error":"...","errcode":"..."}`, in Synapse's key order.
-fn error_body(message: &str, errcode: &str) -> String {
+pub(super) fn error_body(message: &str, errcode: &str) -> String {
     let json = |text: &str| serde_json::to_string(text).unwrap_or_else(|_| String::from("\"\""));
     format!(
         r#"{{"error":{},"errcode":{}}}"#,
@@ -330,7 +330,7 @@ impl EndpointError {
 
 /// Synapse's `_check_auth`: exactly one header, `Bearer` and the secret
 /// separated by one space, compared in constant time.
-fn check_secret<'a>(
+pub(super) fn check_secret<'a>(
     secret: &[u8],
     headers: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<(), EndpointError> {
@@ -364,7 +364,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// `urllib.parse.unquote`, on bytes: `%XX` is a byte, anything else (a
 /// `%` without two hex digits included) stays; `plus` turns `+` into a
 /// space as `parse_qs` does.
-fn unquote(text: &[u8], plus: bool) -> Vec<u8> {
+pub(super) fn unquote(text: &[u8], plus: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     let mut index = 0;
     while let Some(&byte) = text.get(index) {
