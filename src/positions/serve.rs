@@ -133,6 +133,12 @@ impl CatchUpEndpoint {
         &self.instance
     }
 
+    /// The replication HTTP API of the same instance, with the same
+    /// secret, serving no endpoint yet.
+    pub(crate) fn replication_api(&self) -> super::ReplicationApi {
+        super::ReplicationApi::with_secret(self.instance.clone(), self.secret.clone())
+    }
+
     /// Reads one request: its `method`, its `path` as received (still
     /// percent-encoded, without the query), its `query` (after the `?`,
     /// if any), and the values of every `Authorization` header it carried.

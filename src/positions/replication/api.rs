@@ -131,6 +131,16 @@ impl ReplicationApi {
         }
     }
 
+    /// The same, with the secret as bytes (the catch-up endpoint's).
+    pub(crate) fn with_secret(instance: InstanceName, secret: Option<Box<[u8]>>) -> ReplicationApi {
+        ReplicationApi {
+            instance,
+            secret,
+            endpoints: Vec::new(),
+            writers: None,
+        }
+    }
+
     /// Serves `endpoint` too.
     #[must_use]
     pub fn with_endpoint(mut self, endpoint: ReplicationEndpoint) -> ReplicationApi {

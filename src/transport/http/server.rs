@@ -32,18 +32,21 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::positions::{
-    CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
+    CONTENT_TYPE, CatchUpEndpoint, EndpointError, ReplicationEndpoint, ReplicationError,
+    ReplicationRequest, Routed, internal_error_body, page_body,
 };
 
 use super::hyper_io::HyperIo;
 use crate::config::{Endpoint, InstanceLocation, SynapseConfig};
 use crate::transport::client::source::CatchUpSource;
 use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
-use crate::wire::{InstanceName, StreamName};
+use crate::wire::{InstanceName, StreamName, Token};
 use crate::writers::WriterRegistry;
 
+mod calls;
 mod limits;
 
+use calls::{CallHandler, Calls, PositionsFn, WaitFn};
 use limits::{LOG_BURST, LOG_WINDOW, PeerSlots, RefusalLog, Verdict, short_path};
 
 /// The size of the buffer bytes are read into before hyper copies them.
@@ -371,6 +374,10 @@ struct Shared {
     endpoint: CatchUpEndpoint,
     source: Arc<dyn CatchUpSource>,
     handler: Option<Arc<Handler>>,
+    /// The replication HTTP API's endpoints served, if any.
+    calls: Option<Calls>,
+    /// The deployment's writers, to check the positions calls carry.
+    writers: Option<Arc<dyn WriterRegistry>>,
     config: HttpServerConfig,
     counters: HttpServerCounters,
     /// How much of the refusals reaches the log.
@@ -443,7 +450,9 @@ impl<R: Runtime> HttpServer<R> {
             synapse.replication_secret().map(str::to_owned),
         )
         .with_streams(streams);
-        HttpServer::bind(runtime, &addr, endpoint, source).await
+        let writers: Arc<dyn WriterRegistry> = writers.clone();
+        let server = HttpServer::bind(runtime, &addr, endpoint, source).await?;
+        Ok(server.with_writers(writers))
     }
 
     /// Serves on a listener already bound.
@@ -460,6 +469,8 @@ impl<R: Runtime> HttpServer<R> {
                 endpoint,
                 source,
                 handler: None,
+                calls: None,
+                writers: None,
                 config: HttpServerConfig::default(),
                 counters: HttpServerCounters::default(),
                 log: Mutex::new(RefusalLog::default()),
@@ -488,6 +499,128 @@ impl<R: Runtime> HttpServer<R> {
         F: Fn(HttpRequest) -> BoxFuture<'static, HttpResponse> + Send + Sync + 'static,
     {
         self.shared_mut(|shared| shared.handler = Some(Arc::new(handler)));
+        self
+    }
+
+    /// Serves `endpoint` of Synapse's replication HTTP API (see
+    /// [`ReplicationEndpoint`]) with `handler`, as Synapse's
+    /// `ReplicationEndpoint` does:
+    ///
+    /// - the path, method and secret are checked from the headers (404,
+    ///   405, 401), then the body: a JSON object of at most
+    ///   [`HttpServerConfig::max_request_bytes`] (400, 413), whose
+    ///   `_stream_positions` are checked (see
+    ///   [`ReplicationApi`](crate::positions::ReplicationApi)) and taken
+    ///   out of the content the handler gets;
+    /// - the server waits until this process's follower has seen the
+    ///   caller's positions ([`with_position_waits`](Self::with_position_waits)),
+    ///   five seconds at most, then handles the call anyway, as Synapse
+    ///   does;
+    /// - for an endpoint that caches, the answer is kept 30 minutes under
+    ///   the call's txn id: a retry is answered, not handled again, and a
+    ///   duplicate that comes while the first is handled waits for its
+    ///   answer; a refusal or a timeout is not kept, and a txn id reused
+    ///   for another request is refused (400);
+    /// - the handler's content is answered 200, a
+    ///   [`ReplicationError`] with its status and Synapse's error body,
+    ///   and no answer within [`HttpServerConfig::request_timeout`] 504;
+    /// - a 200 answer of an endpoint that waits for streams carries the
+    ///   positions of the streams this process writes
+    ///   ([`with_positions`](Self::with_positions)).
+    ///
+    /// Calls are counted in [`HttpServerCounters::handled`], refusals as
+    /// the other requests' are.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "runtime-smol")]
+    /// # async fn serve(server: synapse_replication::transport::HttpServer<synapse_replication::transport::SmolRuntime>) {
+    /// use futures::FutureExt;
+    /// use synapse_replication::positions::{ReplicationEndpoint, ReplicationError};
+    ///
+    /// let server = server.with_endpoint(ReplicationEndpoint::fed_send_edu(), |call| {
+    ///     async move {
+    ///         if call.arg("edu_type") != Some("m.typing") {
+    ///             return Err(ReplicationError::refused(400, "M_UNRECOGNIZED", "not handled here"));
+    ///         }
+    ///         // ... apply call.content["content"] ...
+    ///         Ok(serde_json::Map::new())
+    ///     }
+    ///     .boxed()
+    /// });
+    /// server.run().await;
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_endpoint<F>(mut self, endpoint: ReplicationEndpoint, handler: F) -> HttpServer<R>
+    where
+        F: Fn(
+                ReplicationRequest,
+            ) -> BoxFuture<
+                'static,
+                Result<serde_json::Map<String, serde_json::Value>, ReplicationError>,
+            > + Send
+            + Sync
+            + 'static,
+    {
+        let handler: Arc<CallHandler> = Arc::new(handler);
+        self.shared_mut(move |shared| {
+            let fresh = shared.endpoint.replication_api();
+            let writers = shared.writers.clone();
+            let calls = shared.calls();
+            let mut api = std::mem::replace(&mut calls.api, fresh).with_endpoint(endpoint);
+            if let Some(writers) = writers {
+                api = api.with_writers(writers);
+            }
+            calls.api = api;
+            calls.handlers.push(handler);
+        });
+        self
+    }
+
+    /// Refuses calls whose `_stream_positions` name a stream their caller
+    /// may not write, as `writers` (the deployment's `stream_writers`)
+    /// says (400 `M_FORBIDDEN`), rather than wait for them.
+    /// [`from_synapse`](Self::from_synapse) sets the configuration's.
+    #[must_use]
+    pub fn with_writers(mut self, writers: Arc<dyn WriterRegistry>) -> HttpServer<R> {
+        self.shared_mut(move |shared| {
+            let fresh = shared.endpoint.replication_api();
+            let calls = shared.calls();
+            calls.api = std::mem::replace(&mut calls.api, fresh).with_writers(Arc::clone(&writers));
+            shared.writers = Some(writers);
+        });
+        self
+    }
+
+    /// The answers of the replication endpoints carry `positions()`: this
+    /// process's token on each stream it writes (Synapse's
+    /// `minimal_local_current_token`), for the caller to wait for. Without
+    /// it they carry none (`"_stream_positions": {}`).
+    #[must_use]
+    pub fn with_positions<F>(mut self, positions: F) -> HttpServer<R>
+    where
+        F: Fn() -> Vec<(StreamName, Token)> + Send + Sync + 'static,
+    {
+        let positions: Arc<PositionsFn> = Arc::new(positions);
+        self.shared_mut(move |shared| shared.calls().positions = Some(positions));
+        self
+    }
+
+    /// Before handling a call, waits with `wait(stream, writer, token,
+    /// deadline)` for each position the caller sent: a future that says
+    /// `true` once this process's follower has seen `writer` reach `token`
+    /// on `stream`, `false` when it gives up at `deadline`. Without it
+    /// calls are handled at once.
+    #[must_use]
+    pub fn with_position_waits<F>(mut self, wait: F) -> HttpServer<R>
+    where
+        F: Fn(StreamName, InstanceName, Token, Instant) -> BoxFuture<'static, bool>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let wait: Arc<WaitFn> = Arc::new(wait);
+        self.shared_mut(move |shared| shared.calls().waits = Some(wait));
         self
     }
 
@@ -706,7 +839,7 @@ enum Refusal<'a> {
     /// The request was read, and refused (`error` says why).
     Request {
         path: &'a str,
-        error: &'a EndpointError,
+        error: &'a dyn fmt::Display,
     },
     /// The peer held [`HttpServerConfig::max_per_peer`] connections.
     PeerLimit,
@@ -796,6 +929,14 @@ impl Shared {
                 return (200, page_body(&page));
             }
             Ok(Routed::Fetch(request)) => request,
+            Err(EndpointError::NotFound)
+                if self
+                    .calls
+                    .as_ref()
+                    .is_some_and(|calls| calls.api.serves(request.uri().path())) =>
+            {
+                return self.call(runtime, request, peer, deadline).await;
+            }
             Err(EndpointError::NotFound) if self.handler.is_some() => {
                 // Another replication route: its secret before its body.
                 if request.uri().path().starts_with(REPLICATION_PREFIX) {
@@ -870,6 +1011,109 @@ impl Shared {
         (error.status(), error.body())
     }
 
+    /// The answer to a call refused for `error`, counted and logged.
+    fn refused_call<R: Runtime>(
+        &self,
+        runtime: &R,
+        path: &str,
+        peer: SocketAddr,
+        error: &ReplicationError,
+    ) -> (u16, String) {
+        let counts = &self.counters.inner;
+        let counter = match error {
+            ReplicationError::MissingAuthorization
+            | ReplicationError::TooManyAuthorizations
+            | ReplicationError::InvalidAuthorization => &counts.refused_secret,
+            _ => &counts.bad_requests,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.log_refusal(runtime, peer, Refusal::Request { path, error });
+        (error.status(), error.body())
+    }
+
+    /// The replication endpoints, made when the first is added.
+    fn calls(&mut self) -> &mut Calls {
+        let api = self.endpoint.replication_api();
+        self.calls.get_or_insert_with(|| Calls::new(api))
+    }
+
+    /// A call of the replication HTTP API: its headers checked before its
+    /// body is read, then its body, then [`Calls::answer`].
+    async fn call<R: Runtime>(
+        &self,
+        runtime: &R,
+        request: hyper::Request<Incoming>,
+        peer: SocketAddr,
+        deadline: Instant,
+    ) -> (u16, String) {
+        let Some(calls) = &self.calls else {
+            return (404, EndpointError::NotFound.body());
+        };
+        let path = request.uri().path().to_owned();
+        let routed = {
+            let authorization = request
+                .headers()
+                .get_all(header::AUTHORIZATION)
+                .iter()
+                .map(HeaderValue::as_bytes);
+            calls
+                .api
+                .route(request.method().as_str(), &path, authorization)
+        };
+        let route = match routed {
+            Ok(route) => route,
+            Err(error) => return self.refused_call(runtime, &path, peer, &error),
+        };
+        let query = request.uri().query().map(str::to_owned);
+        let (parts, mut body) = request.into_parts();
+        let body = match self.read_body(&parts.headers, &mut body, peer).await {
+            Ok(body) => body,
+            Err(answer) => return answer,
+        };
+        let call = match calls.api.read(route, query.as_deref(), &body) {
+            Ok(call) => call,
+            Err(error) => return self.refused_call(runtime, &path, peer, &error),
+        };
+        self.counters.inner.handled.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%peer, endpoint = call.endpoint, "replication call");
+        calls.answer(runtime, call, &body, deadline).await
+    }
+
+    /// A request's body, whole, if it is at most
+    /// [`HttpServerConfig::max_request_bytes`]; the answer to give
+    /// otherwise (413, or 400 when it cannot be read).
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        body: &mut Incoming,
+        peer: SocketAddr,
+    ) -> Result<Bytes, (u16, String)> {
+        let counts = &self.counters.inner;
+        let cap = self.config.max_request_bytes;
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        let too_large = || {
+            counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+            let answer = HttpResponse::error(413, "M_TOO_LARGE", "Request body too large");
+            (answer.status, answer.body)
+        };
+        if declared.is_some_and(|len| len > cap as u64) {
+            return Err(too_large());
+        }
+        match collect(body, cap).await {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => Err(too_large()),
+            Err(error) => {
+                counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, %error, "reading a request body failed");
+                let answer = HttpResponse::error(400, "M_BAD_JSON", "Unreadable body");
+                Err((answer.status, answer.body))
+            }
+        }
+    }
+
     /// Logs a refusal, unless this minute's few are logged already; never
     /// a header, and the path cut short.
     fn log_refusal<R: Runtime>(&self, runtime: &R, peer: SocketAddr, refusal: Refusal<'_>) {
@@ -930,29 +1174,9 @@ impl Shared {
         };
         let counts = &self.counters.inner;
         let (parts, mut body) = request.into_parts();
-        let cap = self.config.max_request_bytes;
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<u64>().ok());
-        let too_large = || {
-            counts.bad_requests.fetch_add(1, Ordering::Relaxed);
-            let answer = HttpResponse::error(413, "M_TOO_LARGE", "Request body too large");
-            (answer.status, answer.body)
-        };
-        if declared.is_some_and(|len| len > cap as u64) {
-            return too_large();
-        }
-        let body = match collect(&mut body, cap).await {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return too_large(),
-            Err(error) => {
-                counts.bad_requests.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%peer, %error, "reading a request body failed");
-                let answer = HttpResponse::error(400, "M_BAD_JSON", "Unreadable body");
-                return (answer.status, answer.body);
-            }
+        let body = match self.read_body(&parts.headers, &mut body, peer).await {
+            Ok(body) => body,
+            Err(answer) => return answer,
         };
         let request = HttpRequest {
             method: parts.method.as_str().to_owned(),

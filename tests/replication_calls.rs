@@ -1,0 +1,425 @@
+//! The replication HTTP API's calls on `HttpServer`, against real
+//! sockets: what Synapse's `ReplicationEndpoint` does (the secret before
+//! the body, a retry answered and not handled again, concurrent duplicates
+//! handled once, the caller's positions waited for, the callee's in the
+//! answer), and the refusals where Synapse does worse (a txn id reused for
+//! another request, positions of an unknown stream or writer, bodies that
+//! are not JSON objects or too large), none of which reaches the handler.
+
+#![cfg(all(feature = "http-server", feature = "runtime-smol"))]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::{AsyncReadExt, AsyncWriteExt};
+use serde_json::{Map, Value, json};
+use synapse_replication::config::SynapseConfig;
+use synapse_replication::positions::{
+    CatchUpEndpoint, History, ReplicationEndpoint, ReplicationError, ReplicationRequest,
+};
+use synapse_replication::transport::{HttpServer, HttpServerConfig, SmolRuntime};
+use synapse_replication::wire::{InstanceName, StreamName, Token};
+
+const SECRET: &str = "s3cret";
+
+/// What the handler saw.
+#[derive(Default)]
+struct Seen {
+    calls: Mutex<Vec<ReplicationRequest>>,
+    handled: AtomicUsize,
+}
+
+/// A server for `rust1` serving `fed_send_edu`, whose handler records
+/// each call and takes `delay` to answer; answers carry `typing` at 42.
+fn server(seen: Arc<Seen>, delay: Duration, config: HttpServerConfig) -> SocketAddr {
+    let synapse = SynapseConfig::from_value(json!({
+        "server_name": "example.com",
+        "redis": {"enabled": true},
+        "stream_writers": {"events": ["persister1"], "typing": ["rust1"]},
+        "instance_map": {
+            "main": {"host": "127.0.0.1", "port": 1},
+            "persister1": {"host": "127.0.0.1", "port": 2},
+            "rust1": {"host": "127.0.0.1", "port": 3},
+        },
+    }))
+    .expect("config");
+    let endpoint = CatchUpEndpoint::new(InstanceName::from("rust1"), Some(SECRET.into()));
+    let history = Arc::new(Mutex::new(History::new(10)));
+    let server = smol::block_on(HttpServer::bind(
+        SmolRuntime,
+        "127.0.0.1:0",
+        endpoint,
+        history,
+    ))
+    .expect("a listener")
+    .with_config(config)
+    .with_writers(synapse.writers().clone())
+    .with_endpoint(ReplicationEndpoint::fed_send_edu(), move |call| {
+        let seen = Arc::clone(&seen);
+        async move {
+            seen.handled.fetch_add(1, Ordering::SeqCst);
+            smol::Timer::after(delay).await;
+            let n = seen.handled.load(Ordering::SeqCst);
+            seen.calls.lock().unwrap().push(call.clone());
+            if call.content.get("refuse").is_some() {
+                return Err(ReplicationError::refused(
+                    403,
+                    "M_FORBIDDEN",
+                    "refused here",
+                ));
+            }
+            let mut answer = Map::new();
+            answer.insert("handled".into(), Value::from(n));
+            Ok(answer)
+        }
+        .boxed()
+    })
+    .with_positions(|| vec![(StreamName::Typing, Token(42))]);
+    let addr = server.local_addr().expect("its address");
+    smol::spawn(server.run()).detach();
+    addr
+}
+
+/// Sends one request; the status and the body.
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: &str,
+) -> impl std::future::Future<Output = (u16, String)> + Send + use<> {
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: rust1:80\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(secret) = auth {
+        request.push_str(&format!("Authorization: Bearer {secret}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    async move {
+        let mut socket = smol::net::TcpStream::connect(addr).await.expect("connects");
+        socket.write_all(request.as_bytes()).await.expect("writes");
+        let mut answer = Vec::new();
+        let _ = socket.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+}
+
+fn edu(txn: &str) -> String {
+    format!("/_synapse/replication/fed_send_edu/m.typing/{txn}")
+}
+
+const BODY: &str = r#"{"origin":"remote.org","content":{"room_id":"!r:x","user_id":"@u:remote.org","typing":true}}"#;
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}"))
+}
+
+#[test]
+fn a_call_is_handled_once_and_its_retries_answered() {
+    let seen = Arc::new(Seen::default());
+    let addr = server(
+        Arc::clone(&seen),
+        Duration::ZERO,
+        HttpServerConfig::default(),
+    );
+    smol::block_on(async {
+        let (status, body) = send(addr, "POST", &edu("t1"), Some(SECRET), BODY).await;
+        assert_eq!(status, 200, "{body}");
+        // The callee's positions, for the caller to wait for.
+        assert_eq!(
+            json(&body),
+            json(r#"{"handled":1,"_stream_positions":{"typing":42}}"#)
+        );
+        // A retry (Synapse's, after a 504 or a lost answer) is answered
+        // what the first was, and not handled again.
+        let (status, again) = send(addr, "POST", &edu("t1"), Some(SECRET), BODY).await;
+        assert_eq!((status, json(&again)), (200, json(&body)));
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
+        // The handler got the content, the path argument, the txn id.
+        let calls = seen.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].arg("edu_type"), Some("m.typing"));
+        assert_eq!(calls[0].txn_id.as_deref(), Some("t1"));
+        assert_eq!(Value::Object(calls[0].content.clone()), json(BODY));
+        // Another txn id is another call.
+        let (status, _) = send(addr, "POST", &edu("t2"), Some(SECRET), BODY).await;
+        assert_eq!(status, 200);
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 2);
+    });
+}
+
+#[test]
+fn concurrent_duplicates_are_handled_once() {
+    let seen = Arc::new(Seen::default());
+    let addr = server(
+        Arc::clone(&seen),
+        Duration::from_millis(300),
+        HttpServerConfig::default(),
+    );
+    smol::block_on(async {
+        let calls = (0..4).map(|_| send(addr, "POST", &edu("dup"), Some(SECRET), BODY));
+        let answers = futures::future::join_all(calls).await;
+        for (status, body) in &answers {
+            assert_eq!(*status, 200, "{body}");
+            assert_eq!(json(body)["handled"], 1, "{body}");
+        }
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn a_refusal_is_not_kept_and_a_reused_txn_id_is_refused() {
+    let seen = Arc::new(Seen::default());
+    let addr = server(
+        Arc::clone(&seen),
+        Duration::ZERO,
+        HttpServerConfig::default(),
+    );
+    smol::block_on(async {
+        let refused = r#"{"origin":"remote.org","content":{},"refuse":true}"#;
+        let (status, body) = send(addr, "POST", &edu("r"), Some(SECRET), refused).await;
+        assert_eq!(
+            (status, json(&body)),
+            (
+                403,
+                json(r#"{"error":"refused here","errcode":"M_FORBIDDEN"}"#)
+            )
+        );
+        // Not kept: the retry is handled again (as Synapse forgets a
+        // failure).
+        let (status, _) = send(addr, "POST", &edu("r"), Some(SECRET), refused).await;
+        assert_eq!(status, 403);
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 2);
+        // A txn id answered, then reused for another body: refused, not
+        // answered with the first's answer as Synapse would.
+        let (status, _) = send(addr, "POST", &edu("k"), Some(SECRET), BODY).await;
+        assert_eq!(status, 200);
+        let other = r#"{"origin":"elsewhere.org","content":{}}"#;
+        let (status, body) = send(addr, "POST", &edu("k"), Some(SECRET), other).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(json(&body)["errcode"], "M_INVALID_PARAM");
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 3);
+    });
+}
+
+/// A request (method, path, secret, body) and the status and errcode it
+/// is answered.
+type Case<'a> = (&'a str, String, Option<&'a str>, String, u16, &'a str);
+
+#[test]
+fn bad_calls_are_refused_before_the_handler() {
+    let seen = Arc::new(Seen::default());
+    let mut config = HttpServerConfig::default();
+    config.max_request_bytes = 16 << 10;
+    let addr = server(Arc::clone(&seen), Duration::ZERO, config);
+    let positions = |streams: &str, instance: &str| {
+        format!(
+            r#"{{"origin":"o","content":{{}},"_stream_positions":{{"streams":{streams},"instance_name":"{instance}"}}}}"#
+        )
+    };
+    let big = format!(r#"{{"origin":"{}"}}"#, "x".repeat(20 << 10));
+    let cases: Vec<Case> = vec![
+        ("POST", edu("a"), None, BODY.into(), 401, "M_MISSING_TOKEN"),
+        (
+            "POST",
+            edu("a"),
+            Some("wrong"),
+            BODY.into(),
+            401,
+            "M_UNKNOWN_TOKEN",
+        ),
+        (
+            "GET",
+            edu("a"),
+            Some(SECRET),
+            String::new(),
+            405,
+            "M_UNRECOGNIZED",
+        ),
+        (
+            "POST",
+            "/_synapse/replication/fed_send_edu/m.typing".into(),
+            Some(SECRET),
+            BODY.into(),
+            404,
+            "M_UNRECOGNIZED",
+        ),
+        (
+            "POST",
+            "/_synapse/replication/send_events/x/y".into(),
+            Some(SECRET),
+            BODY.into(),
+            404,
+            "M_UNRECOGNIZED",
+        ),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            "{not json".into(),
+            400,
+            "M_NOT_JSON",
+        ),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            "[1,2]".into(),
+            400,
+            "M_BAD_JSON",
+        ),
+        ("POST", edu("a"), Some(SECRET), big, 413, "M_TOO_LARGE"),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            positions(r#"{"frobs":1}"#, "persister1"),
+            400,
+            "M_UNKNOWN",
+        ),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            positions(r#"{"events":1}"#, "main"),
+            400,
+            "M_FORBIDDEN",
+        ),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            positions(r#"{"events":"1"}"#, "persister1"),
+            400,
+            "M_INVALID_PARAM",
+        ),
+        (
+            "POST",
+            edu("a"),
+            Some(SECRET),
+            r#"{"_stream_positions":[]}"#.into(),
+            400,
+            "M_INVALID_PARAM",
+        ),
+    ];
+    smol::block_on(async {
+        for (method, path, auth, body, status, errcode) in cases {
+            let (got, answer) = send(addr, method, &path, auth, &body).await;
+            assert_eq!(got, status, "{method} {path} {:.80}: {answer}", body);
+            assert_eq!(
+                json(&answer)["errcode"],
+                errcode,
+                "{method} {path} {:.80}",
+                body
+            );
+        }
+        assert_eq!(
+            seen.handled.load(Ordering::SeqCst),
+            0,
+            "a bad call reached the handler"
+        );
+        // A caller that may write what it says it wrote is handled.
+        let body = positions(r#"{"events":5,"caches":9}"#, "persister1");
+        let (status, _) = send(addr, "POST", &edu("ok"), Some(SECRET), &body).await;
+        assert_eq!(status, 200);
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn the_caller_s_positions_are_waited_for_before_the_call_is_handled() {
+    let seen = Arc::new(Seen::default());
+    // The follower's view, moved by the test.
+    let reached = Arc::new(Mutex::new(Token(0)));
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let synapse = SynapseConfig::from_value(json!({
+        "server_name": "example.com",
+        "redis": {"enabled": true},
+        "stream_writers": {"events": ["persister1"]},
+        "instance_map": {"persister1": {"host": "127.0.0.1", "port": 2}},
+    }))
+    .expect("config");
+    let endpoint = CatchUpEndpoint::new(InstanceName::from("rust1"), Some(SECRET.into()));
+    let history = Arc::new(Mutex::new(History::new(10)));
+    let server = smol::block_on(HttpServer::bind(
+        SmolRuntime,
+        "127.0.0.1:0",
+        endpoint,
+        history,
+    ))
+    .expect("a listener")
+    .with_writers(synapse.writers().clone())
+    .with_endpoint(ReplicationEndpoint::fed_send_edu(), {
+        let seen = Arc::clone(&seen);
+        move |call| {
+            seen.handled.fetch_add(1, Ordering::SeqCst);
+            seen.calls.lock().unwrap().push(call);
+            async { Ok(Map::new()) }.boxed()
+        }
+    })
+    .with_position_waits({
+        let reached = Arc::clone(&reached);
+        let asked = Arc::clone(&asked);
+        move |stream, writer, token, deadline| {
+            asked.lock().unwrap().push((stream, writer, token));
+            let reached = Arc::clone(&reached);
+            async move {
+                while Instant::now() < deadline {
+                    if *reached.lock().unwrap() >= token {
+                        return true;
+                    }
+                    smol::Timer::after(Duration::from_millis(10)).await;
+                }
+                false
+            }
+            .boxed()
+        }
+    });
+    let addr = server.local_addr().expect("its address");
+    smol::spawn(server.run()).detach();
+    smol::block_on(async {
+        let body = r#"{"origin":"o","content":{},"_stream_positions":{"streams":{"events":7},"instance_name":"persister1"}}"#;
+        let call = smol::spawn(send(addr, "POST", &edu("w"), Some(SECRET), body));
+        smol::Timer::after(Duration::from_millis(300)).await;
+        assert_eq!(
+            seen.handled.load(Ordering::SeqCst),
+            0,
+            "handled before the position was seen"
+        );
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [(
+                StreamName::Events,
+                InstanceName::from("persister1"),
+                Token(7)
+            )]
+        );
+        *reached.lock().unwrap() = Token(7);
+        let (status, answer) = call.await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
+        // Without `with_positions`, the answer says no positions.
+        assert_eq!(json(&answer), json(r#"{"_stream_positions":{}}"#));
+        // A position never reached: handled anyway after Synapse's five
+        // seconds.
+        let body = r#"{"origin":"o","content":{},"_stream_positions":{"streams":{"events":99},"instance_name":"persister1"}}"#;
+        let (status, _) = send(addr, "POST", &edu("never"), Some(SECRET), body).await;
+        assert_eq!(status, 200);
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 2);
+    });
+}
