@@ -22,10 +22,11 @@ use synapse_replication::positions::{BoxError, FollowerEvent};
 use synapse_replication::session::RedisEvent;
 
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use synapse_replication::config::SynapseConfig;
 use synapse_replication::positions::{
-    CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode,
+    CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode, ReplicationEndpoint,
+    ReplicationError, ReplicationRequest,
 };
 use synapse_replication::transport::{
     CatchUpSource, CommandSender, HttpRequest, HttpResponse, HttpServer, HttpServerCounters,
@@ -111,8 +112,6 @@ pub struct TypingWriter {
     admin_token: Option<String>,
     /// The servers with a joined user, per room, and when asked.
     hosts: Mutex<HashMap<String, (Instant, Hosts)>>,
-    /// The `fed_send_edu` txn ids answered.
-    txns: Mutex<federation::TxnMemory>,
     /// What became of the forwarded EDUs.
     pub edus: EduCounters,
     /// Every catch-up request served, for tests and logs.
@@ -134,8 +133,6 @@ pub struct EduCounters {
     /// origin, a server not in the room) or because the membership could
     /// not be checked.
     pub ignored: AtomicU64,
-    /// Retries of a txn id already answered: answered again, not applied.
-    pub repeated: AtomicU64,
     /// Refused as malformed (4xx).
     pub refused: AtomicU64,
 }
@@ -145,15 +142,11 @@ impl EduCounters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `(applied, ignored, repeated, refused)` so far.
-    pub fn get(&self) -> (u64, u64, u64, u64) {
+    /// `(applied, ignored, refused)` so far (a retried txn id is answered
+    /// by the server and reaches none).
+    pub fn get(&self) -> (u64, u64, u64) {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        (
-            get(&self.applied),
-            get(&self.ignored),
-            get(&self.repeated),
-            get(&self.refused),
-        )
+        (get(&self.applied), get(&self.ignored), get(&self.refused))
     }
 }
 
@@ -224,7 +217,6 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         server_name: options.synapse.server_name().to_owned(),
         admin_token: options.admin_token.clone(),
         hosts: Mutex::new(HashMap::new()),
-        txns: Mutex::new(federation::TxnMemory::default()),
         edus: EduCounters::default(),
         served: served.clone(),
         answered: Mutex::new(VecDeque::new()),
@@ -244,8 +236,19 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     .with_streams([StreamName::Typing]);
     let source = Arc::new(Served { history, served });
     let handler_writer = writer.clone();
+    let edu_writer = writer.clone();
+    let position_writer = writer.clone();
+    // fed_send_edu: the server checks the secret and the body, and answers
+    // a retried txn id without calling the handler again; each answer
+    // carries the typing position, which the caller waits for.
     let server = HttpServer::bind(SmolRuntime, listen, endpoint, source)
         .await?
+        .with_writers(options.synapse.writers().clone())
+        .with_endpoint(ReplicationEndpoint::fed_send_edu(), move |call| {
+            let writer = edu_writer.clone();
+            async move { writer.fed_send_edu(call).await }.boxed()
+        })
+        .with_positions(move || vec![(StreamName::Typing, position_writer.token())])
         .with_handler(move |request| {
             let writer = handler_writer.clone();
             async move { writer.answer(request).await }.boxed()
@@ -397,52 +400,53 @@ impl TypingWriter {
     /// route Synapse calls that this writer does not serve shows here).
     pub async fn answer(&self, request: HttpRequest) -> HttpResponse {
         let (method, path) = (request.method.clone(), request.path.clone());
-        let response = match federation::route(&request.path) {
-            Some((edu_type, txn_id)) => self.fed_send_edu(request, &edu_type, &txn_id).await,
-            None => self.client_api(request).await,
-        };
-        eprintln!("typing writer: {method} {path} -> {}", response.status);
+        let response = self.client_api(request).await;
+        self.log_answer(method, path, response.status);
+        response
+    }
+
+    fn log_answer(&self, method: String, path: String, status: u16) {
+        eprintln!("typing writer: {method} {path} -> {status}");
         let mut answered = lock(&self.answered);
         if answered.len() >= ANSWERED_KEPT {
             answered.pop_front();
         }
-        answered.push_back((method, path, response.status));
-        response
+        answered.push_back((method, path, status));
     }
 
-    /// `POST /_synapse/replication/fed_send_edu/m.typing/<txn_id>` (the
-    /// server already checked the replication secret): a typing EDU from
-    /// a remote server, applied as `TypingWriterHandler._recv_edu` does,
-    /// at most once per txn id, and answered 200 whatever the checks said
-    /// (as Synapse answers): only a malformed request is refused.
+    /// `POST /_synapse/replication/fed_send_edu/m.typing/<txn_id>`, once
+    /// per txn id (the server checked the secret and the body, and answers
+    /// retries itself): a typing EDU from a remote server, applied as
+    /// `TypingWriterHandler._recv_edu` does, and answered 200 whatever the
+    /// checks said (as Synapse answers): only a malformed EDU is refused.
     pub async fn fed_send_edu(
         &self,
-        request: HttpRequest,
+        call: ReplicationRequest,
+    ) -> Result<Map<String, Value>, ReplicationError> {
+        let edu_type = call.arg("edu_type").unwrap_or_default().to_owned();
+        let path = ReplicationEndpoint::fed_send_edu().path(&[&edu_type], call.txn_id.as_deref());
+        let answer = self.receive_edu(&edu_type, &call.content).await;
+        let status = answer
+            .as_ref()
+            .map_or_else(ReplicationError::status, |_| 200);
+        self.log_answer("POST".into(), path, status);
+        answer
+    }
+
+    async fn receive_edu(
+        &self,
         edu_type: &str,
-        txn_id: &str,
-    ) -> HttpResponse {
-        let edu = match federation::parse(&request.method, edu_type, &request.body) {
+        content: &Map<String, Value>,
+    ) -> Result<Map<String, Value>, ReplicationError> {
+        let edu = match federation::parse(edu_type, content) {
             Ok(edu) => edu,
             Err(error) => {
                 EduCounters::bump(&self.edus.refused);
                 eprintln!("typing writer: refused a forwarded EDU: {error}");
-                return error.response();
+                return Err(error.refusal());
             }
         };
-        if lock(&self.txns).contains(txn_id, Instant::now()) {
-            EduCounters::bump(&self.edus.repeated);
-            return self.edu_answer();
-        }
-        let verdict = self.check_edu(&edu).await;
-        // Checked and applied under the lock: two requests with one txn id
-        // apply at most once.
-        let mut txns = lock(&self.txns);
-        let now = Instant::now();
-        if txns.contains(txn_id, now) {
-            EduCounters::bump(&self.edus.repeated);
-            return self.edu_answer();
-        }
-        match verdict {
+        match self.check_edu(&edu).await {
             Verdict::Apply => {
                 EduCounters::bump(&self.edus.applied);
                 if edu.typing {
@@ -450,7 +454,7 @@ impl TypingWriter {
                         &edu.room_id,
                         &edu.user_id,
                         federation::FEDERATION_TIMEOUT,
-                        now,
+                        Instant::now(),
                     );
                 } else {
                     self.stopped(&edu.room_id, &edu.user_id);
@@ -469,21 +473,9 @@ impl TypingWriter {
                     "typing writer: not applying typing of {} in {} from {}: {why}",
                     edu.user_id, edu.room_id, edu.origin
                 );
-                return self.edu_answer();
             }
         }
-        txns.insert(txn_id, now);
-        drop(txns);
-        self.edu_answer()
-    }
-
-    /// The answer to a forwarded EDU: Synapse's replication endpoints
-    /// answer with the positions of the streams their process writes
-    /// (`_stream_positions`), and the caller waits until it has seen them,
-    /// so that the typing is in its `/sync` once the call returns.
-    fn edu_answer(&self) -> HttpResponse {
-        let body = json!({"_stream_positions": {"typing": self.token().get()}});
-        HttpResponse::new(200, body.to_string())
+        Ok(Map::new())
     }
 
     /// `_recv_edu`'s checks: the user is of the origin, and this server
