@@ -81,6 +81,7 @@
 //! | write a stream | [`transport::RedisClient::write`] (or a [`transport::CommandSender`] from other tasks) | [`transport::RedisClient::advance`] once first |
 //! | serve catch-up to Synapse's processes | [`transport::RedisClient::with_history`] and `HttpServer` (feature `http-server`) | one [`positions::History`] for both |
 //! | answer Synapse's replication calls (`fed_send_edu`, ...) | `HttpServer::with_endpoint` (feature `http-server`) | an endpoint is a [`positions::ReplicationEndpoint`]; the checks, the txn-id cache and the waits are the server's |
+//! | call another process's endpoint | `ReplicationClient` (feature `http-catch-up`) | it waits for the callee's positions before it returns |
 //! | fetch what was missed | `HttpCatchUp` (feature `http-catch-up`; `follow` takes it by itself) | or any [`transport::CatchUpSource`] |
 //! | read Synapse's configuration | [`config::SynapseConfig`] | `redis:`, Sentinel, `stream_writers`, `instance_map`, the secret |
 //! | run your own event loop | [`session::RedisSession`] (or [`session::TcpClientSession`], [`session::TcpServerSession`]) | the call order below |

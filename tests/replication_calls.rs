@@ -423,3 +423,211 @@ fn the_caller_s_positions_are_waited_for_before_the_call_is_handled() {
         assert_eq!(seen.handled.load(Ordering::SeqCst), 2);
     });
 }
+
+/// The crate's own caller against the crate's own server: what Synapse's
+/// `make_client` does.
+#[cfg(feature = "http-catch-up")]
+mod caller {
+    use super::*;
+    use synapse_replication::transport::{CallFailure, CallRetries, ReplicationClient};
+
+    /// A deployment where `rust1` (the server) and `caller1` both have
+    /// addresses; `port` is the server's.
+    fn synapse(port: u16) -> SynapseConfig {
+        SynapseConfig::from_value(json!({
+            "server_name": "example.com",
+            "redis": {"enabled": true},
+            "worker_replication_secret": SECRET,
+            "stream_writers": {"typing": ["rust1"], "events": ["caller1"]},
+            "instance_map": {
+                "main": {"host": "127.0.0.1", "port": 1},
+                "rust1": {"host": "127.0.0.1", "port": port},
+                "caller1": {"host": "127.0.0.1", "port": 1},
+            },
+        }))
+        .expect("config")
+    }
+
+    /// A server for `rust1` whose `fed_send_edu` handler answers with
+    /// `answers` in turn (then 200), recording each call's txn id and
+    /// content.
+    fn serve(
+        answers: Vec<Result<(), ReplicationError>>,
+    ) -> (SocketAddr, Arc<Mutex<Vec<ReplicationRequest>>>) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let answers = Arc::new(Mutex::new(answers.into_iter()));
+        let endpoint = CatchUpEndpoint::new(InstanceName::from("rust1"), Some(SECRET.into()));
+        let history = Arc::new(Mutex::new(History::new(10)));
+        let seen = Arc::clone(&calls);
+        let server = smol::block_on(HttpServer::bind(
+            SmolRuntime,
+            "127.0.0.1:0",
+            endpoint,
+            history,
+        ))
+        .expect("a listener")
+        .with_endpoint(ReplicationEndpoint::fed_send_edu(), move |call| {
+            seen.lock().unwrap().push(call);
+            let answer = answers.lock().unwrap().next().unwrap_or(Ok(()));
+            async move { answer.map(|()| Map::new()) }.boxed()
+        })
+        .with_positions(|| vec![(StreamName::Typing, Token(42))]);
+        let addr = server.local_addr().expect("its address");
+        smol::spawn(server.run()).detach();
+        (addr, calls)
+    }
+
+    fn quick() -> CallRetries {
+        let mut retries = CallRetries::default();
+        retries.first_delay = Duration::from_millis(10);
+        retries.timeout_delay = Duration::from_millis(10);
+        retries.connect_attempts = 2;
+        retries
+    }
+
+    fn content() -> Map<String, Value> {
+        json(r#"{"origin":"remote.org","content":{"room_id":"!r:x","user_id":"@u:remote.org","typing":true}}"#)
+            .as_object()
+            .cloned()
+            .expect("an object")
+    }
+
+    #[test]
+    fn a_call_carries_this_process_s_positions_and_waits_for_the_callee_s() {
+        let (addr, calls) = serve(Vec::new());
+        let waited = Arc::new(Mutex::new(Vec::new()));
+        let client = ReplicationClient::from_synapse(SmolRuntime, &synapse(addr.port()), "caller1")
+            .with_positions(|| vec![(StreamName::Events, Token(7))])
+            .with_position_waits({
+                let waited = Arc::clone(&waited);
+                move |stream, writer, token, _deadline| {
+                    waited.lock().unwrap().push((stream, writer, token));
+                    async { true }.boxed()
+                }
+            });
+        let answer = smol::block_on(client.call(
+            &InstanceName::from("rust1"),
+            &ReplicationEndpoint::fed_send_edu(),
+            &["m.typing"],
+            content(),
+        ))
+        .expect("answered");
+        assert_eq!(answer.positions, [(StreamName::Typing, Token(42))]);
+        assert!(answer.seen);
+        assert!(answer.content.is_empty());
+        // Waited for the callee's position, on the callee.
+        assert_eq!(
+            *waited.lock().unwrap(),
+            [(StreamName::Typing, InstanceName::from("rust1"), Token(42))]
+        );
+        // The callee got the content and the caller's positions.
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].content, content());
+        let caller = calls[0].caller.clone().expect("positions");
+        assert_eq!(caller.instance.as_str(), "caller1");
+        assert_eq!(caller.streams, [(StreamName::Events, Token(7))]);
+        assert_eq!(
+            calls[0].txn_id.as_ref().map(String::len).map(|n| n > 0),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_504_is_retried_with_the_same_txn_id() {
+        let timed_out = ReplicationError::refused(504, "M_UNKNOWN", "Timed out");
+        let (addr, calls) = serve(vec![Err(timed_out.clone()), Err(timed_out)]);
+        let client = ReplicationClient::from_synapse(SmolRuntime, &synapse(addr.port()), "caller1")
+            .with_retries(quick());
+        let answer = smol::block_on(client.call(
+            &InstanceName::from("rust1"),
+            &ReplicationEndpoint::fed_send_edu(),
+            &["m.typing"],
+            content(),
+        ))
+        .expect("answered after two retries");
+        // No waits configured: answered, positions not seen.
+        assert!(!answer.seen);
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 3);
+        assert!(
+            calls.iter().all(|call| call.txn_id == calls[0].txn_id),
+            "a retry took a new txn id"
+        );
+        // Two calls are two txn ids.
+        let (addr, calls) = serve(Vec::new());
+        let client = ReplicationClient::from_synapse(SmolRuntime, &synapse(addr.port()), "caller1");
+        for _ in 0..2 {
+            smol::block_on(client.call(
+                &InstanceName::from("rust1"),
+                &ReplicationEndpoint::fed_send_edu(),
+                &["m.typing"],
+                content(),
+            ))
+            .expect("answered");
+        }
+        let calls = calls.lock().unwrap().clone();
+        assert_ne!(calls[0].txn_id, calls[1].txn_id);
+    }
+
+    #[test]
+    fn errors_say_which_instance_and_endpoint() {
+        let (addr, _) = serve(vec![Err(ReplicationError::refused(
+            403,
+            "M_FORBIDDEN",
+            "not you",
+        ))]);
+        let client = ReplicationClient::from_synapse(SmolRuntime, &synapse(addr.port()), "caller1")
+            .with_retries(quick());
+        let call = |instance: &str| {
+            smol::block_on(client.call(
+                &InstanceName::from(instance),
+                &ReplicationEndpoint::fed_send_edu(),
+                &["m.typing"],
+                content(),
+            ))
+            .expect_err("refused")
+        };
+        let error = call("rust1");
+        assert!(
+            matches!(&error.failure, CallFailure::Remote(remote) if remote.status == 403 && remote.errcode == "M_FORBIDDEN"),
+            "{error}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "replication call fed_send_edu on rust1: 403 M_FORBIDDEN: not you"
+        );
+        assert!(matches!(call("caller1").failure, CallFailure::ToItself));
+        assert!(matches!(
+            call("nobody").failure,
+            CallFailure::NotInInstanceMap
+        ));
+        // `main`'s port 1 refuses: retried, then the connection's error.
+        let error = call("master");
+        assert!(
+            matches!(error.failure, CallFailure::Connect { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("127.0.0.1:1"), "{error}");
+        // A wrong secret: the callee's 401, and the secret in no error.
+        let wrong = SynapseConfig::from_value(json!({
+            "server_name": "example.com",
+            "worker_replication_secret": "not-the-secret",
+            "instance_map": {"rust1": {"host": "127.0.0.1", "port": addr.port()}},
+        }))
+        .expect("config");
+        let client = ReplicationClient::from_synapse(SmolRuntime, &wrong, "caller1");
+        let error = smol::block_on(client.call(
+            &InstanceName::from("rust1"),
+            &ReplicationEndpoint::fed_send_edu(),
+            &["m.typing"],
+            content(),
+        ))
+        .expect_err("refused");
+        assert!(
+            matches!(&error.failure, CallFailure::Remote(remote) if remote.status == 401),
+            "{error}"
+        );
+        assert!(!format!("{error} {error:?} {client:?}").contains("not-the-secret"));
+    }
+}

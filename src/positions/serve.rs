@@ -135,7 +135,7 @@ impl CatchUpEndpoint {
 
     /// The replication HTTP API of the same instance, with the same
     /// secret, serving no endpoint yet.
-    pub(crate) fn replication_api(&self) -> super::ReplicationApi {
+    pub fn replication_api(&self) -> super::ReplicationApi {
         super::ReplicationApi::with_secret(self.instance.clone(), self.secret.clone())
     }
 

@@ -81,6 +81,9 @@ pub use client::backoff::Backoff;
 pub use client::source::CatchUpSource;
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
+pub use http::call::{CallFailure, CallRetries, ReplicationCallError, ReplicationClient};
+#[cfg(feature = "http-catch-up")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http::catch_up::{HttpCatchUp, HttpCatchUpError};
 #[cfg(feature = "http-server")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]

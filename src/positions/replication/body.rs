@@ -127,6 +127,11 @@ pub struct ReplicationAnswer {
     /// The callee's positions on the streams it writes: wait for them
     /// before returning, as Synapse's callers do.
     pub positions: Vec<(StreamName, Token)>,
+    /// Whether this process had seen them when the call returned (a
+    /// caller that waits sets it; true when there are none): false when
+    /// the wait gave up after five seconds and the call returned anyway,
+    /// as Synapse's do.
+    pub seen: bool,
 }
 
 /// Reads the answer to a call: for a 2xx status, its content and the
@@ -153,7 +158,12 @@ pub fn read_answer(status: u16, body: &[u8]) -> Result<ReplicationAnswer, Remote
             .collect(),
         _ => Vec::new(),
     };
-    Ok(ReplicationAnswer { content, positions })
+    let seen = positions.is_empty();
+    Ok(ReplicationAnswer {
+        content,
+        positions,
+        seen,
+    })
 }
 
 #[cfg(test)]

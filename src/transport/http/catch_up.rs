@@ -112,9 +112,9 @@ pub struct HttpCatchUp<R: Runtime> {
 /// `https` writers and their client, whose certificates are loaded once
 /// for every writer.
 #[derive(Default)]
-struct Https {
-    tls: TlsConfig,
-    cache: TlsCache,
+pub(super) struct Https {
+    pub(super) tls: TlsConfig,
+    pub(super) cache: TlsCache,
 }
 
 impl Https {
@@ -122,7 +122,7 @@ impl Https {
     /// dialer as Redis': TLS (the `tls` feature, rustls, always verified)
     /// when the entry says `tls: true`. The request's own time limit
     /// bounds it.
-    fn connect(
+    pub(super) fn connect(
         &self,
         runtime: &dyn Runtime,
         location: &InstanceLocation,
@@ -380,7 +380,7 @@ impl<R: Runtime> Shared<R> {
 /// Polls `work` and the connection it needs together (hyper's client
 /// connection is a future that does the I/O; without an executor to spawn
 /// it on, whoever waits for the answer drives it).
-async fn drive<C, W, T>(mut connection: Pin<&mut C>, work: W) -> Result<T, hyper::Error>
+pub(super) async fn drive<C, W, T>(mut connection: Pin<&mut C>, work: W) -> Result<T, hyper::Error>
 where
     C: Future<Output = Result<(), hyper::Error>>,
     W: Future<Output = Result<T, hyper::Error>>,
@@ -408,7 +408,7 @@ where
 }
 
 /// Reads `body` up to `cap` bytes: the bytes, and whether that was all.
-async fn collect(
+pub(super) async fn collect(
     body: &mut Incoming,
     cap: usize,
     declared: Option<u64>,
@@ -434,7 +434,7 @@ async fn collect(
 }
 
 /// `host:port`, with brackets around an IPv6 address.
-fn authority(host: &str, port: u16) -> String {
+pub(super) fn authority(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
@@ -444,7 +444,7 @@ fn authority(host: &str, port: u16) -> String {
 
 /// A transaction id no other request of this process or of another one
 /// has used: a per-process random prefix, the time, and a counter.
-fn txn_id() -> String {
+pub(super) fn txn_id() -> String {
     static PREFIX: OnceLock<u64> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let millis = SystemTime::now()
