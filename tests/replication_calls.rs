@@ -143,7 +143,7 @@ fn a_call_is_handled_once_and_its_retries_answered() {
         // The callee's positions, for the caller to wait for.
         assert_eq!(
             json(&body),
-            json(r#"{"handled":1,"_stream_positions":{"typing":42}}"#)
+            json(r#"{"handled":1,"_INT_STREAM_POS":{"typing":42}}"#)
         );
         // A retry (Synapse's, after a 504 or a lost answer) is answered
         // what the first was, and not handled again.
@@ -229,7 +229,7 @@ fn bad_calls_are_refused_before_the_handler() {
     let addr = server(Arc::clone(&seen), Duration::ZERO, config);
     let positions = |streams: &str, instance: &str| {
         format!(
-            r#"{{"origin":"o","content":{{}},"_stream_positions":{{"streams":{streams},"instance_name":"{instance}"}}}}"#
+            r#"{{"origin":"o","content":{{}},"_INT_STREAM_POS":{{"streams":{streams},"instance_name":"{instance}"}}}}"#
         )
     };
     let big = format!(r#"{{"origin":"{}"}}"#, "x".repeat(20 << 10));
@@ -312,7 +312,7 @@ fn bad_calls_are_refused_before_the_handler() {
             "POST",
             edu("a"),
             Some(SECRET),
-            r#"{"_stream_positions":[]}"#.into(),
+            r#"{"_INT_STREAM_POS":[]}"#.into(),
             400,
             "M_INVALID_PARAM",
         ),
@@ -393,7 +393,7 @@ fn the_caller_s_positions_are_waited_for_before_the_call_is_handled() {
     let addr = server.local_addr().expect("its address");
     smol::spawn(server.run()).detach();
     smol::block_on(async {
-        let body = r#"{"origin":"o","content":{},"_stream_positions":{"streams":{"events":7},"instance_name":"persister1"}}"#;
+        let body = r#"{"origin":"o","content":{},"_INT_STREAM_POS":{"streams":{"events":7},"instance_name":"persister1"}}"#;
         let call = smol::spawn(send(addr, "POST", &edu("w"), Some(SECRET), body));
         smol::Timer::after(Duration::from_millis(300)).await;
         assert_eq!(
@@ -414,10 +414,10 @@ fn the_caller_s_positions_are_waited_for_before_the_call_is_handled() {
         assert_eq!(status, 200, "{answer}");
         assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
         // Without `with_positions`, the answer says no positions.
-        assert_eq!(json(&answer), json(r#"{"_stream_positions":{}}"#));
+        assert_eq!(json(&answer), json(r#"{"_INT_STREAM_POS":{}}"#));
         // A position never reached: handled anyway after Synapse's five
         // seconds.
-        let body = r#"{"origin":"o","content":{},"_stream_positions":{"streams":{"events":99},"instance_name":"persister1"}}"#;
+        let body = r#"{"origin":"o","content":{},"_INT_STREAM_POS":{"streams":{"events":99},"instance_name":"persister1"}}"#;
         let (status, _) = send(addr, "POST", &edu("never"), Some(SECRET), body).await;
         assert_eq!(status, 200);
         assert_eq!(seen.handled.load(Ordering::SeqCst), 2);

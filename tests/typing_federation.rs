@@ -210,7 +210,7 @@ fn fed_send_edu(
     let body = json!({
         "origin": origin,
         "content": content,
-        "_stream_positions": {"streams": {"events": 1}, "instance_name": "master"},
+        "_INT_STREAM_POS": {"streams": {"events": 1}, "instance_name": "master"},
     });
     http(
         port,
@@ -399,7 +399,7 @@ fn fed_send_edu_applies_a_retry_once_and_refuses_bad_input() {
     assert_eq!(writer.typing_in(&room), [alice.as_str()]);
     assert_eq!(
         answer,
-        json!({"_stream_positions": {"typing": writer.token().get()}})
+        json!({"_INT_STREAM_POS": {"typing": writer.token().get()}})
     );
     let (status, _) = edu("txn2", &origin, &typing(false));
     assert_eq!(status, 200);

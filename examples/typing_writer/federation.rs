@@ -84,7 +84,7 @@ impl EduError {
 }
 
 /// The EDU of a `fed_send_edu` call: its type must be `m.typing` and its
-/// content (the body, without `_stream_positions`, which the server took
+/// content (the body, without `_INT_STREAM_POS`, which the server took
 /// out and waited for) Synapse's.
 pub fn parse(edu_type: &str, body: &Map<String, Value>) -> Result<TypingEdu, EduError> {
     if edu_type != TYPING_EDU {

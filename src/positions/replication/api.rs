@@ -28,7 +28,7 @@ use crate::positions::EndpointError;
 ///    constant time.
 /// 2. [`read`](ReplicationApi::read), from the body: a JSON object (400
 ///    otherwise; a `GET`'s body is not read, as Synapse's), and its
-///    `_stream_positions` when the endpoint waits for streams. Beyond
+///    `_INT_STREAM_POS` when the endpoint waits for streams. Beyond
 ///    Synapse, positions are checked: at most
 ///    [`MAX_POSITIONS`](super::MAX_POSITIONS) streams, each a stream
 ///    this crate knows or the registry lets the caller write (400
@@ -101,7 +101,7 @@ pub struct ReplicationRequest {
     pub txn_id: Option<String>,
     /// The query (after the `?`), as received: a `GET`'s arguments.
     pub query: Option<String>,
-    /// The body's JSON object, without `_stream_positions` (empty for a
+    /// The body's JSON object, without `_INT_STREAM_POS` (empty for a
     /// `GET`).
     pub content: Map<String, Value>,
     /// The caller's positions, to wait for before handling the call.
@@ -381,12 +381,12 @@ mod tests {
         assert_eq!(read("nope").unwrap_err(), ReplicationError::NotJson);
         assert_eq!(read("[]").unwrap_err(), ReplicationError::NotObject);
         assert_eq!(
-            read(r#"{"_stream_positions":{"streams":{"frobs":1},"instance_name":"persister1"}}"#)
+            read(r#"{"_INT_STREAM_POS":{"streams":{"frobs":1},"instance_name":"persister1"}}"#)
                 .unwrap_err(),
             ReplicationError::UnknownStream("frobs".into())
         );
         assert_eq!(
-            read(r#"{"_stream_positions":{"streams":{"events":1},"instance_name":"master"}}"#)
+            read(r#"{"_INT_STREAM_POS":{"streams":{"events":1},"instance_name":"master"}}"#)
                 .unwrap_err(),
             ReplicationError::NotAWriter {
                 stream: "events".into(),
@@ -394,7 +394,7 @@ mod tests {
             }
         );
         let request = read(
-            r#"{"origin":"o","_stream_positions":{"streams":{"events":9,"caches":2},"instance_name":"persister1"}}"#,
+            r#"{"origin":"o","_INT_STREAM_POS":{"streams":{"events":9,"caches":2},"instance_name":"persister1"}}"#,
         )
         .expect("read");
         assert_eq!(request.content.len(), 1);

@@ -1,5 +1,5 @@
 //! The bodies of calls and answers: the content, and the positions that
-//! travel with it under `_stream_positions`.
+//! travel with it under `_INT_STREAM_POS`.
 
 use serde_json::{Map, Value};
 
@@ -8,7 +8,7 @@ use crate::wire::{InstanceName, StreamName, Token};
 use super::STREAM_POSITIONS_KEY;
 use super::error::{RemoteError, ReplicationError};
 
-/// The most streams one `_stream_positions` may name (Synapse has
+/// The most streams one `_INT_STREAM_POS` may name (Synapse has
 /// nineteen): beyond it a call is refused, so that no call makes the
 /// callee wait on an unbounded list.
 pub const MAX_POSITIONS: usize = 64;
@@ -25,7 +25,7 @@ pub struct StreamPositions {
 }
 
 impl StreamPositions {
-    /// Reads `_stream_positions` as a caller sent it.
+    /// Reads `_INT_STREAM_POS` as a caller sent it.
     pub fn from_json(value: &Value) -> Result<StreamPositions, ReplicationError> {
         let object = value
             .as_object()
@@ -75,7 +75,7 @@ impl StreamPositions {
 }
 
 /// The body of a call: `content` with the caller's positions under
-/// `_stream_positions` (replacing any the content had), compact.
+/// `_INT_STREAM_POS` (replacing any the content had), compact.
 pub fn call_body(mut content: Map<String, Value>, positions: Option<&StreamPositions>) -> String {
     if let Some(positions) = positions {
         content.insert(STREAM_POSITIONS_KEY.to_owned(), positions.to_json());
@@ -85,7 +85,7 @@ pub fn call_body(mut content: Map<String, Value>, positions: Option<&StreamPosit
 
 /// The body of an answer: `body` (a JSON object, as a handler answered it
 /// or as it was kept for its txn id) with the callee's positions on the
-/// streams it writes under `_stream_positions`, as Synapse adds them to
+/// streams it writes under `_INT_STREAM_POS`, as Synapse adds them to
 /// every answer of an endpoint that waits for streams. A `body` that is
 /// not an object is returned as it is.
 pub fn answer_body(body: &str, positions: &[(StreamName, Token)]) -> String {
@@ -122,7 +122,7 @@ pub fn answer_body(body: &str, positions: &[(StreamName, Token)]) -> String {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ReplicationAnswer {
-    /// The answer's JSON object, without `_stream_positions`.
+    /// The answer's JSON object, without `_INT_STREAM_POS`.
     pub content: Map<String, Value>,
     /// The callee's positions on the streams it writes: wait for them
     /// before returning, as Synapse's callers do.
@@ -223,13 +223,13 @@ mod tests {
         let positions = [(StreamName::Typing, Token(5))];
         assert_eq!(
             answer_body("{}", &positions),
-            r#"{"_stream_positions":{"typing":5}}"#
+            r#"{"_INT_STREAM_POS":{"typing":5}}"#
         );
         assert_eq!(
             answer_body(r#"{"a":1}"#, &positions),
-            r#"{"a":1,"_stream_positions":{"typing":5}}"#
+            r#"{"a":1,"_INT_STREAM_POS":{"typing":5}}"#
         );
-        assert_eq!(answer_body("{}", &[]), r#"{"_stream_positions":{}}"#);
+        assert_eq!(answer_body("{}", &[]), r#"{"_INT_STREAM_POS":{}}"#);
         let answer =
             read_answer(200, answer_body(r#"{"a":1}"#, &positions).as_bytes()).expect("an answer");
         assert_eq!(answer.positions, positions);
@@ -254,7 +254,7 @@ mod tests {
         };
         assert_eq!(
             call_body(content, Some(&positions)),
-            r#"{"origin":"remote.org","_stream_positions":{"streams":{"typing":2},"instance_name":"w"}}"#
+            r#"{"origin":"remote.org","_INT_STREAM_POS":{"streams":{"typing":2},"instance_name":"w"}}"#
         );
     }
 }

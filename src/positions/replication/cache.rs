@@ -19,7 +19,7 @@ const MAX_KEPT_BYTES: usize = 64 * 1024 * 1024;
 const MAX_WAITING: usize = 16;
 
 /// An answer as a handler gave it: a status and a JSON object, without
-/// `_stream_positions` (added afresh to each answer, as Synapse does).
+/// `_INT_STREAM_POS` (added afresh to each answer, as Synapse does).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedAnswer {
     /// The HTTP status.

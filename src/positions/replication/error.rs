@@ -18,7 +18,7 @@ pub(super) fn cut(text: &str) -> String {
 /// Synapse's own answers, but for a missing or wrong secret (401 here,
 /// 500 in Synapse: see
 /// [`CatchUpEndpoint`](crate::positions::CatchUpEndpoint)) and for what
-/// Synapse does not check (a malformed or unknown `_stream_positions`,
+/// Synapse does not check (a malformed or unknown `_INT_STREAM_POS`,
 /// which Synapse answers with a 500 or waits five seconds for; a txn id
 /// reused with another request, which Synapse answers with the first
 /// request's answer).
@@ -47,15 +47,15 @@ pub enum ReplicationError {
     /// The body is JSON but not an object: 400 `M_BAD_JSON`.
     #[error("content must be a JSON object")]
     NotObject,
-    /// `_stream_positions` is not `{"streams": {<stream>: <token>},
+    /// `_INT_STREAM_POS` is not `{"streams": {<stream>: <token>},
     /// "instance_name": <caller>}`: 400 `M_INVALID_PARAM`.
-    #[error("invalid _stream_positions: {0}")]
+    #[error("invalid _INT_STREAM_POS: {0}")]
     InvalidPositions(&'static str),
-    /// `_stream_positions` names a stream this process does not know: 400
+    /// `_INT_STREAM_POS` names a stream this process does not know: 400
     /// `M_UNKNOWN`.
-    #[error("unknown stream {0:?} in _stream_positions")]
+    #[error("unknown stream {0:?} in _INT_STREAM_POS")]
     UnknownStream(String),
-    /// `_stream_positions` says the caller wrote a stream the
+    /// `_INT_STREAM_POS` says the caller wrote a stream the
     /// configuration does not let it write: 400 `M_FORBIDDEN`.
     #[error("{instance:?} does not write {stream:?}")]
     NotAWriter {

@@ -6,8 +6,9 @@
 //! Synapse's processes call `/_synapse/replication/<NAME>/<path
 //! args...>[/<txn_id>]` on the address `instance_map` gives the callee,
 //! with `Authorization: Bearer <worker_replication_secret>`. A call is tied
-//! to the streams: its body carries the caller's positions
-//! (`_stream_positions`), which the callee waits to have seen before it
+//! to the streams: its body carries the caller's positions (under the
+//! key `_INT_STREAM_POS`, `_STREAM_POSITION_KEY` in Synapse's code, the
+//! same from 1.98.0 to 1.163.2), which the callee waits to have seen before it
 //! acts, and the answer carries the callee's, which the caller waits for
 //! before it returns; that is how a read follows a write across processes.
 //! An endpoint that caches (most do) keeps each answer for 30 minutes under
@@ -21,7 +22,7 @@
 //! - [`ReplicationApi`]: a process's endpoints, and the checks of a request
 //!   in Synapse's order: the path (404), the method (405), the secret
 //!   (401), from the headers alone; then the body (400) and its
-//!   `_stream_positions`, into a [`ReplicationRequest`];
+//!   `_INT_STREAM_POS`, into a [`ReplicationRequest`];
 //! - [`ResponseCache`]: the answers kept per txn id, concurrent duplicates
 //!   included;
 //! - [`StreamPositions`] and the bodies both ways ([`answer_body`],
@@ -47,7 +48,7 @@
 //! )?;
 //! // Then the body.
 //! let request = api.read(route, None, br#"{"origin":"remote.org","content":{"typing":true},
-//!     "_stream_positions":{"streams":{"events":7},"instance_name":"master"}}"#)?;
+//!     "_INT_STREAM_POS":{"streams":{"events":7},"instance_name":"master"}}"#)?;
 //! assert_eq!(request.arg("edu_type"), Some("m.typing"));
 //! assert_eq!(request.txn_id.as_deref(), Some("AbCdEfGhIj"));
 //! assert_eq!(request.content["origin"], "remote.org");
@@ -77,7 +78,7 @@ pub use endpoint::{Method, ReplicationEndpoint};
 pub use error::{RemoteError, ReplicationError};
 
 /// The key of the positions in a call's body and in its answer.
-pub const STREAM_POSITIONS_KEY: &str = "_stream_positions";
+pub const STREAM_POSITIONS_KEY: &str = "_INT_STREAM_POS";
 
 /// How long a callee waits for a caller's positions before it handles the
 /// call anyway (Synapse's `_WAIT_FOR_REPLICATION_TIMEOUT_SECONDS`: on

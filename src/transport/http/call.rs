@@ -77,7 +77,7 @@ impl Default for CallRetries {
 /// - a fresh txn id per call for an endpoint that caches, kept through the
 ///   call's retries so that the callee handles it once;
 /// - the body carries this process's positions on the streams it writes
-///   ([`with_positions`](Self::with_positions)) under `_stream_positions`,
+///   ([`with_positions`](Self::with_positions)) under `_INT_STREAM_POS`,
 ///   for endpoints that wait for streams (not `GET`s);
 /// - retried as [`CallRetries`] says: a connection refused or lost before
 ///   the request was sent, with backoff; no answer in time or a 504, with
@@ -261,7 +261,7 @@ impl<R: Runtime> ReplicationClient<R> {
     }
 
     /// Calls `endpoint` on `instance` with these path arguments and
-    /// `content` (the body, without `_stream_positions`; ignored for a
+    /// `content` (the body, without `_INT_STREAM_POS`; ignored for a
     /// `GET`), retrying as [`CallRetries`] says; the answer once this
     /// process has seen the callee's positions (or waited five seconds).
     pub async fn call(

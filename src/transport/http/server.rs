@@ -509,7 +509,7 @@ impl<R: Runtime> HttpServer<R> {
     /// - the path, method and secret are checked from the headers (404,
     ///   405, 401), then the body: a JSON object of at most
     ///   [`HttpServerConfig::max_request_bytes`] (400, 413), whose
-    ///   `_stream_positions` are checked (see
+    ///   `_INT_STREAM_POS` are checked (see
     ///   [`ReplicationApi`](crate::positions::ReplicationApi)) and taken
     ///   out of the content the handler gets;
     /// - the server waits until this process's follower has seen the
@@ -577,7 +577,7 @@ impl<R: Runtime> HttpServer<R> {
         self
     }
 
-    /// Refuses calls whose `_stream_positions` name a stream their caller
+    /// Refuses calls whose `_INT_STREAM_POS` name a stream their caller
     /// may not write, as `writers` (the deployment's `stream_writers`)
     /// says (400 `M_FORBIDDEN`), rather than wait for them.
     /// [`from_synapse`](Self::from_synapse) sets the configuration's.
@@ -595,7 +595,7 @@ impl<R: Runtime> HttpServer<R> {
     /// The answers of the replication endpoints carry `positions()`: this
     /// process's token on each stream it writes (Synapse's
     /// `minimal_local_current_token`), for the caller to wait for. Without
-    /// it they carry none (`"_stream_positions": {}`).
+    /// it they carry none (`"_INT_STREAM_POS": {}`).
     #[must_use]
     pub fn with_positions<F>(mut self, positions: F) -> HttpServer<R>
     where

@@ -1,0 +1,108 @@
+//! The crate's `ReplicationClient` calling a real Synapse 1.163.2's
+//! replication HTTP API, as Synapse's own workers call their main
+//! process: a call that caches is handled once per txn id on Synapse's
+//! side too, and a call returns only once this process's follower has
+//! seen the rows the answer's positions name.
+//!
+//! Needs the Synapse venv (`SYNAPSE_PYTHON`, see tests/common/synapse.rs)
+//! and redis-server.
+
+#![cfg(all(unix, feature = "http-catch-up", feature = "runtime-smol"))]
+
+mod common;
+
+use common::synapse::SynapseRig;
+use serde_json::{Value, json};
+use synapse_replication::config::SynapseConfig;
+use synapse_replication::positions::{Method, ReplicationEndpoint};
+use synapse_replication::transport::{CallFailure, ReplicationClient, SmolRuntime};
+use synapse_replication::wire::InstanceName;
+
+/// The deployment as a Rust process `rust1` of `rig` reads it.
+fn deployment(rig: &SynapseRig) -> SynapseConfig {
+    SynapseConfig::from_value(json!({
+        "server_name": rig.server_name,
+        "redis": {"enabled": true, "host": "127.0.0.1", "port": rig.redis_port},
+        "worker_replication_secret": rig.secret,
+        "instance_map": {"main": {"host": "127.0.0.1", "port": rig.replication_port}},
+    }))
+    .expect("config")
+}
+
+/// `register_user`'s body, as a worker's registration handler sends it.
+fn registration() -> Value {
+    json!({
+        "password_hash": null,
+        "was_guest": false,
+        "make_guest": false,
+        "appservice_id": null,
+        "create_profile_with_displayname": "Bob",
+        "admin": false,
+        "user_type": null,
+        "address": "127.0.0.1",
+        "shadow_banned": false,
+        "approved": true,
+    })
+}
+
+#[test]
+fn synapse_handles_a_cached_call_once_per_txn_id() {
+    let rig = SynapseRig::start();
+    let user = rig.user_id("bob");
+    let endpoint = ReplicationEndpoint::new(Method::Post, "register_user", &["user_id"]);
+    let url = |txn: &str| {
+        format!(
+            "{}{}",
+            rig.replication_url,
+            endpoint.path(&[&user], Some(txn))
+        )
+    };
+    let body = registration();
+
+    // The first call registers bob.
+    let (status, first) = rig.request_url("POST", &url("txnA"), Some(&rig.secret), Some(&body));
+    assert_eq!(status, 200, "{first}");
+    // The same txn id again (Synapse's retry after a timeout): answered
+    // from Synapse's cache, the same answer, bob not registered twice.
+    let (status, again) = rig.request_url("POST", &url("txnA"), Some(&rig.secret), Some(&body));
+    assert_eq!((status, &again), (200, &first));
+    // A fresh txn id is handled: bob exists, so Synapse refuses it.
+    let (status, fresh) = rig.request_url("POST", &url("txnB"), Some(&rig.secret), Some(&body));
+    assert_eq!(status, 400, "{fresh}");
+    assert_eq!(fresh["errcode"], "M_USER_IN_USE", "{fresh}");
+
+    // The crate's client: a fresh txn id per call, so a second
+    // registration of the same user is handled, and refused.
+    let synapse = deployment(&rig);
+    let client = ReplicationClient::from_synapse(SmolRuntime, &synapse, "rust1");
+    let call = |localpart: &str| {
+        let user = rig.user_id(localpart);
+        smol::block_on(client.call(
+            &InstanceName::master(),
+            &endpoint,
+            &[&user],
+            registration().as_object().cloned().unwrap_or_default(),
+        ))
+    };
+    let answer = call("carol").expect("carol registered");
+    assert!(
+        !answer.positions.is_empty(),
+        "main's answer carries the positions of the streams it writes"
+    );
+    let error = call("carol").expect_err("carol exists");
+    match &error.failure {
+        CallFailure::Remote(remote) => {
+            assert_eq!(
+                (remote.status, remote.errcode.as_str()),
+                (400, "M_USER_IN_USE")
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        error
+            .to_string()
+            .starts_with("replication call register_user on master: 400"),
+        "{error}"
+    );
+}
