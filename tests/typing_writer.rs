@@ -18,6 +18,7 @@ mod writer;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -208,36 +209,78 @@ fn restart_synapse(rig: &SynapseRig) -> std::process::Child {
     }
 }
 
-#[test]
-fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
-    let port = free_port();
-    let rig = SynapseRig::start_with(&json!({
-        "stream_writers": {"typing": [INSTANCE]},
-        "instance_map": {INSTANCE: {"host": "127.0.0.1", "port": port}},
-    }));
-    let synapse = SynapseConfig::from_value(json!({
-        "server_name": rig.server_name,
-        "redis": {"enabled": true, "host": "127.0.0.1", "port": rig.redis_port},
-        "worker_replication_secret": rig.secret,
+/// The writer's config for a deployment on `redis_port` (with main's
+/// replication listener on `main_port`), itself listening on `port`.
+fn writer_config(
+    server_name: &str,
+    redis_port: u16,
+    secret: &str,
+    main_port: u16,
+    port: u16,
+) -> SynapseConfig {
+    SynapseConfig::from_value(json!({
+        "server_name": server_name,
+        "redis": {"enabled": true, "host": "127.0.0.1", "port": redis_port},
+        "worker_replication_secret": secret,
         "stream_writers": {"typing": [INSTANCE]},
         "instance_map": {
-            "main": {"host": "127.0.0.1", "port": rig.replication_port},
+            "main": {"host": "127.0.0.1", "port": main_port},
             INSTANCE: {"host": "127.0.0.1", "port": port},
         },
     }))
-    .expect("config");
-    let running = smol::block_on(writer::start(
+    .expect("config")
+}
+
+/// Starts the Rust writer on `port`, with the state file `state`.
+fn start_writer(
+    synapse: SynapseConfig,
+    homeserver: &str,
+    port: u16,
+    state: Option<&Path>,
+) -> writer::Running {
+    smol::block_on(writer::start(
         writer::Options {
             synapse,
             instance: INSTANCE.into(),
-            homeserver: rig.client_url.clone(),
+            homeserver: homeserver.to_owned(),
             admin_token: None,
+            state: state.map(Path::to_path_buf),
         },
         &format!("127.0.0.1:{port}"),
     ))
-    .expect("the writer starts");
+    .expect("the writer starts")
+}
+
+/// Starts the Rust writer for `rig` on `port`.
+fn start_rig_writer(rig: &SynapseRig, port: u16, state: Option<&Path>) -> writer::Running {
+    let synapse = writer_config(
+        &rig.server_name,
+        rig.redis_port,
+        &rig.secret,
+        rig.replication_port,
+        port,
+    );
+    start_writer(synapse, &rig.client_url, port, state)
+}
+
+/// The rig's config for the Rust writer on `port`.
+fn rig_config(port: u16) -> Value {
+    json!({
+        "stream_writers": {"typing": [INSTANCE]},
+        "instance_map": {INSTANCE: {"host": "127.0.0.1", "port": port}},
+    })
+}
+
+#[test]
+fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
+    let port = free_port();
+    let rig = SynapseRig::start_with(&rig_config(port));
+    let running = start_rig_writer(&rig, port, None);
     let writer = running.writer.clone();
     let writer_url = format!("http://127.0.0.1:{port}");
+    // Tokens start at the clock, never at 0: main, at 0, fetches (0, start]
+    // on the first announcement, and gets nothing.
+    let start = writer.token();
 
     let alice_token = rig.register("alice", "alice-password");
     let bob_token = rig.register("bob", "bob-password");
@@ -295,9 +338,12 @@ fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
     await_typing(&rig, &bob_token, &room, &[&alice], Duration::from_secs(20));
     await_typing(&rig, &bob_token, &room, &[], Duration::from_secs(20));
     assert!(started.elapsed() >= Duration::from_secs(1));
+    let served = writer.served.lock().unwrap().clone();
     assert!(
-        writer.served.lock().unwrap().is_empty(),
-        "nothing missed yet"
+        served
+            .iter()
+            .all(|request| (request.from, request.to) == (Token(0), start)),
+        "nothing missed yet but (0, {start}]: {served:?}"
     );
     assert_eq!(running.counters.refused_secret(), 0);
 
