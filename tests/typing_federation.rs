@@ -66,6 +66,7 @@ fn start_writer(rig: &SynapseRig, port: u16, admin_token: Option<String>) -> wri
             instance: INSTANCE.into(),
             homeserver: rig.client_url.clone(),
             admin_token,
+            state: None,
         },
         &format!("127.0.0.1:{port}"),
     ))

@@ -18,6 +18,7 @@ mod writer;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -208,36 +209,78 @@ fn restart_synapse(rig: &SynapseRig) -> std::process::Child {
     }
 }
 
-#[test]
-fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
-    let port = free_port();
-    let rig = SynapseRig::start_with(&json!({
-        "stream_writers": {"typing": [INSTANCE]},
-        "instance_map": {INSTANCE: {"host": "127.0.0.1", "port": port}},
-    }));
-    let synapse = SynapseConfig::from_value(json!({
-        "server_name": rig.server_name,
-        "redis": {"enabled": true, "host": "127.0.0.1", "port": rig.redis_port},
-        "worker_replication_secret": rig.secret,
+/// The writer's config for a deployment on `redis_port` (with main's
+/// replication listener on `main_port`), itself listening on `port`.
+fn writer_config(
+    server_name: &str,
+    redis_port: u16,
+    secret: &str,
+    main_port: u16,
+    port: u16,
+) -> SynapseConfig {
+    SynapseConfig::from_value(json!({
+        "server_name": server_name,
+        "redis": {"enabled": true, "host": "127.0.0.1", "port": redis_port},
+        "worker_replication_secret": secret,
         "stream_writers": {"typing": [INSTANCE]},
         "instance_map": {
-            "main": {"host": "127.0.0.1", "port": rig.replication_port},
+            "main": {"host": "127.0.0.1", "port": main_port},
             INSTANCE: {"host": "127.0.0.1", "port": port},
         },
     }))
-    .expect("config");
-    let running = smol::block_on(writer::start(
+    .expect("config")
+}
+
+/// Starts the Rust writer on `port`, with the state file `state`.
+fn start_writer(
+    synapse: SynapseConfig,
+    homeserver: &str,
+    port: u16,
+    state: Option<&Path>,
+) -> writer::Running {
+    smol::block_on(writer::start(
         writer::Options {
             synapse,
             instance: INSTANCE.into(),
-            homeserver: rig.client_url.clone(),
+            homeserver: homeserver.to_owned(),
             admin_token: None,
+            state: state.map(Path::to_path_buf),
         },
         &format!("127.0.0.1:{port}"),
     ))
-    .expect("the writer starts");
+    .expect("the writer starts")
+}
+
+/// Starts the Rust writer for `rig` on `port`.
+fn start_rig_writer(rig: &SynapseRig, port: u16, state: Option<&Path>) -> writer::Running {
+    let synapse = writer_config(
+        &rig.server_name,
+        rig.redis_port,
+        &rig.secret,
+        rig.replication_port,
+        port,
+    );
+    start_writer(synapse, &rig.client_url, port, state)
+}
+
+/// The rig's config for the Rust writer on `port`.
+fn rig_config(port: u16) -> Value {
+    json!({
+        "stream_writers": {"typing": [INSTANCE]},
+        "instance_map": {INSTANCE: {"host": "127.0.0.1", "port": port}},
+    })
+}
+
+#[test]
+fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
+    let port = free_port();
+    let rig = SynapseRig::start_with(&rig_config(port));
+    let running = start_rig_writer(&rig, port, None);
     let writer = running.writer.clone();
     let writer_url = format!("http://127.0.0.1:{port}");
+    // Tokens start at the clock, never at 0: main, at 0, fetches (0, start]
+    // on the first announcement, and gets nothing.
+    let start = writer.token();
 
     let alice_token = rig.register("alice", "alice-password");
     let bob_token = rig.register("bob", "bob-password");
@@ -295,9 +338,12 @@ fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
     await_typing(&rig, &bob_token, &room, &[&alice], Duration::from_secs(20));
     await_typing(&rig, &bob_token, &room, &[], Duration::from_secs(20));
     assert!(started.elapsed() >= Duration::from_secs(1));
+    let served = writer.served.lock().unwrap().clone();
     assert!(
-        writer.served.lock().unwrap().is_empty(),
-        "nothing missed yet"
+        served
+            .iter()
+            .all(|request| (request.from, request.to) == (Token(0), start)),
+        "nothing missed yet but (0, {start}]: {served:?}"
     );
     assert_eq!(running.counters.refused_secret(), 0);
 
@@ -419,4 +465,302 @@ fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
     let _ = bob;
     rig.stop();
     let _ = restarted.wait();
+}
+
+/// The typing users of `room` in a `/sync` answer, sorted; `None` when the
+/// answer has no typing event for the room.
+fn typing_event(sync: &Value, room: &str) -> Option<Vec<String>> {
+    let events = sync["rooms"]["join"][room]["ephemeral"]["events"].as_array()?;
+    let event = events.iter().find(|event| event["type"] == "m.typing")?;
+    let mut users: Vec<String> = event["content"]["user_ids"]
+        .as_array()?
+        .iter()
+        .filter_map(|user| user.as_str().map(str::to_owned))
+        .collect();
+    users.sort();
+    Some(users)
+}
+
+/// An incremental `/sync` since `since`: what a client that kept syncing
+/// sees. Each call waits another few ms (`timeout`) when nothing is new,
+/// so that it is a fresh answer, not one of Synapse's cached ones.
+fn sync_since(rig: &SynapseRig, token: &str, since: &str) -> Value {
+    static SYNCS: AtomicU64 = AtomicU64::new(0);
+    let fresh = SYNCS.fetch_add(1, Ordering::Relaxed);
+    rig.get(
+        token,
+        &format!(
+            "/_matrix/client/v3/sync?since={}&timeout={fresh}",
+            segment(since)
+        ),
+    )
+}
+
+/// The state file's token and rooms, once `check` holds (within 5 s).
+fn saved_state(
+    state: &Path,
+    check: impl Fn(&writer::restart::Saved) -> bool,
+) -> writer::restart::Saved {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let saved = writer::restart::StateFile::new(state)
+            .load()
+            .expect("the state file is readable")
+            .expect("the state file exists");
+        if check(&saved) {
+            return saved;
+        }
+        assert!(Instant::now() < deadline, "the state file stays {saved:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue #23, item 5: after the writer restarts, Synapse shows its next
+/// change at once, and nothing the old run said stays shown as current,
+/// to a client that keeps syncing across the restart too.
+///
+/// With tokens starting again from 0, Synapse 1.163.2's main resets its
+/// typing state on the new run's first `POSITION` ("went backwards;
+/// resetting"), so its initial `/sync` follows; but an incremental
+/// `/sync` whose `since` carries the old run's token gets nothing of the
+/// new run until its tokens pass the old ones: neither its changes nor
+/// the end of the old run's typing.
+#[test]
+fn a_restarted_writer_is_followed_at_once_and_clears_what_it_left_shown() {
+    let port = free_port();
+    let rig = SynapseRig::start_with(&rig_config(port));
+    let state = rig.dir.join("typing-state.json");
+    let running = start_rig_writer(&rig, port, Some(&state));
+    let writer_url = format!("http://127.0.0.1:{port}");
+
+    let alice_token = rig.register("alice", "alice-password");
+    let bob_token = rig.register("bob", "bob-password");
+    let carol_token = rig.register("carol", "carol-password");
+    let alice = rig.user_id("alice");
+    let bob = rig.user_id("bob");
+    // Alice is left typing in `left` by the old run; `next` has the new
+    // run's first change. Carol watches both.
+    let left = rig.create_room(&alice_token);
+    let next = rig.create_room(&alice_token);
+    for room in [&left, &next] {
+        rig.join_room(&bob_token, room);
+        rig.join_room(&carol_token, room);
+    }
+    let set_typing = |room: &str, token: &str, user: &str, body: Value| {
+        let url = format!(
+            "{writer_url}/_matrix/client/v3/rooms/{}/typing/{}",
+            segment(room),
+            segment(user)
+        );
+        rig.request_url("PUT", &url, Some(token), Some(&body)).0
+    };
+
+    let status = set_typing(
+        &left,
+        &alice_token,
+        &alice,
+        json!({"typing": true, "timeout": 120000}),
+    );
+    assert_eq!(status, 200);
+    await_typing(
+        &rig,
+        &carol_token,
+        &left,
+        &[&alice],
+        Duration::from_secs(20),
+    );
+    // Carol's client has seen alice typing, and syncs on from here.
+    let sync = rig.sync(&carol_token, None);
+    assert_eq!(typing_event(&sync, &left), Some(vec![alice.clone()]));
+    let since = sync["next_batch"]
+        .as_str()
+        .expect("a next_batch")
+        .to_owned();
+    let old = running.writer.token();
+    let saved = saved_state(&state, |saved| saved.token == old.get());
+    assert_eq!(saved.rooms, [left.clone()].into());
+
+    // The writer stops; Synapse keeps showing alice typing (its processes
+    // never time typing out themselves).
+    smol::block_on(running.stop());
+    assert_eq!(
+        typing_seen(&rig, &carol_token, &left),
+        std::slice::from_ref(&alice)
+    );
+
+    let running = start_rig_writer(&rig, port, Some(&state));
+    let writer = running.writer.clone();
+    assert!(
+        writer.token() > old,
+        "the new run starts at {} after {old}",
+        writer.token()
+    );
+
+    // The new run's first change reaches carol's client at once.
+    let put = Instant::now();
+    let status = set_typing(
+        &next,
+        &bob_token,
+        &bob,
+        json!({"typing": true, "timeout": 60000}),
+    );
+    assert_eq!(status, 200);
+    let answered = put.elapsed();
+    let deadline = put + Duration::from_secs(30);
+    let mut syncs = 0;
+    let sync = loop {
+        let sync = sync_since(&rig, &carol_token, &since);
+        syncs += 1;
+        if typing_event(&sync, &next) == Some(vec![bob.clone()]) {
+            break sync;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted writer's first change is not in carol's /sync after 30 s: {sync}\n{}",
+            rig.log_tail(30)
+        );
+    };
+    let shown = put.elapsed();
+    eprintln!(
+        "the restart's first change was in an incremental /sync {} ms after its PUT began \
+         (the PUT answered in {} ms; {syncs} /sync calls)",
+        shown.as_millis(),
+        answered.as_millis()
+    );
+    // And alice's typing is over, for carol's client as in a fresh /sync,
+    // with no PUT for that room.
+    assert_eq!(typing_event(&sync, &left), Some(vec![]), "{sync}");
+    await_typing(&rig, &carol_token, &left, &[], Duration::from_secs(30));
+
+    // Synapse fetched (old, ...] and got the clearing row.
+    let served = writer.served.lock().unwrap().clone();
+    assert!(
+        served
+            .iter()
+            .any(|request| request.from == old && request.to > old),
+        "no fetch from {old}: {served:?}"
+    );
+    assert!(
+        !rig.log_text().contains("stream went backwards"),
+        "Synapse saw the typing stream go backwards"
+    );
+    // The state file: the new run's token, and only bob's room (the
+    // cleared one was announced).
+    let saved = saved_state(&state, |saved| saved.token == writer.token().get());
+    assert_eq!(saved.rooms, [next.clone()].into());
+    rig.assert_no_errors_logged();
+    rig.stop();
+}
+
+/// The start token with the state file, and without it (lost): above the
+/// old run's either way; with it, the rooms left typing are cleared by
+/// rows a catch-up answers. No Synapse, no Redis: a writer keeps what it
+/// writes in its history while it is not connected.
+#[test]
+fn a_restart_starts_above_the_old_run_with_or_without_its_state_file() {
+    let dir = std::env::temp_dir().join(format!(
+        "typing-writer-state-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970")
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let state = dir.join("state.json");
+    let (redis_port, main_port, port) = (free_port(), free_port(), free_port());
+    let start = |state: &Path| {
+        let synapse = writer_config("example.com", redis_port, "secret", main_port, port);
+        start_writer(synapse, "http://127.0.0.1:1", port, Some(state))
+    };
+    let fetch = |from: Token, to: Token| {
+        let source = HttpCatchUp::with_locator(
+            SmolRuntime,
+            move |_: &InstanceName| {
+                Some(InstanceLocation::Tcp {
+                    host: "127.0.0.1".into(),
+                    port,
+                    tls: false,
+                })
+            },
+            Some("secret".into()),
+        );
+        let page = smol::block_on(source.fetch(CatchUpRequest {
+            id: CatchUpId::new(1),
+            stream: StreamName::Typing,
+            writer: InstanceName::from(INSTANCE),
+            from,
+            to,
+        }))
+        .expect("the catch-up");
+        let rows: Vec<(i64, String)> = page
+            .updates
+            .iter()
+            .map(|(token, row)| (token.get(), row.as_str().to_owned()))
+            .collect();
+        (rows, page.upto)
+    };
+    let now = || Instant::now();
+
+    // 1. A run: alice types in !a, bob types in !b and stops.
+    let first = start(&state);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_millis();
+    let begun = first.writer.token();
+    assert!(
+        begun.get() as u128 + 1000 >= clock,
+        "a first run starts at the clock: {begun}, {clock}"
+    );
+    first
+        .writer
+        .started("!a:x", "@alice:x", Duration::from_secs(60), now());
+    first
+        .writer
+        .started("!b:x", "@bob:x", Duration::from_secs(60), now());
+    first.writer.stopped("!b:x", "@bob:x");
+    let old = first.writer.token();
+    assert_eq!(old.get(), begun.get() + 3);
+    let saved = saved_state(&state, |_| true);
+    assert_eq!(saved.token, old.get());
+    assert_eq!(saved.rooms, ["!a:x".to_owned()].into());
+    smol::block_on(first.stop());
+
+    // 2. Restarted with its state file: above the old run, and alice's room
+    // cleared at the next token, answered to a follower at the old token
+    // and to one from 0.
+    let second = start(&state);
+    let cur = second.writer.token();
+    assert!(cur > old, "{cur} after {old}");
+    let cleared = (cur.get(), r#"["!a:x",[]]"#.to_owned());
+    assert_eq!(fetch(old, cur), (vec![cleared.clone()], cur));
+    assert_eq!(fetch(Token(0), cur), (vec![cleared.clone()], cur));
+    // Nothing asked beyond what was written.
+    assert_eq!(fetch(cur, cur), (vec![], cur));
+    // Never announced (no Redis): a third run would clear !a:x again.
+    let saved = saved_state(&state, |_| true);
+    assert_eq!(saved.token, cur.get());
+    assert_eq!(saved.rooms, ["!a:x".to_owned()].into());
+    smol::block_on(second.stop());
+
+    // 3. The state file lost: the clock still starts above the old run (it
+    // made far fewer than one change per millisecond).
+    std::fs::remove_file(&state).expect("removing the state file");
+    std::thread::sleep(Duration::from_millis(5));
+    let third = start(&state);
+    let lost = third.writer.token();
+    assert!(lost > cur, "{lost} after {cur}, with the state file lost");
+    assert_eq!(fetch(cur, lost), (vec![], lost), "nothing left to clear");
+    let saved = saved_state(&state, |_| true);
+    assert_eq!((saved.token, saved.rooms.len()), (lost.get(), 0));
+    smol::block_on(third.stop());
+
+    // 4. An unreadable state file is taken as lost, not fatal.
+    std::fs::write(&state, "not json").expect("writing");
+    std::thread::sleep(Duration::from_millis(5));
+    let fourth = start(&state);
+    assert!(fourth.writer.token() > lost);
+    smol::block_on(fourth.stop());
+    let _ = std::fs::remove_dir_all(&dir);
 }

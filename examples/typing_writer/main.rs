@@ -6,7 +6,7 @@
 //!     --server-name example.com --instance rust_typing \
 //!     --redis 127.0.0.1:6379 --listen 127.0.0.1:9100 \
 //!     --homeserver http://127.0.0.1:8008 --secret "$REPLICATION_SECRET" \
-//!     --admin-token "$ADMIN_TOKEN"
+//!     --admin-token "$ADMIN_TOKEN" --state /var/lib/rust_typing/state.json
 //! # or: --config homeserver.json (Synapse's config, as JSON) --instance ... --listen ... --homeserver ...
 //! ```
 //!
@@ -36,6 +36,31 @@
 //! and publishes `typing` rows (`[room_id, [user_id, ...]]`, one token per
 //! change) over Redis, announcing its position on every connection and
 //! `REPLICATE`.
+//!
+//! # Restarts: tokens never go backwards
+//!
+//! Synapse's writer starts its typing tokens again from 0: its followers
+//! then drop every row at or below the token they last saw, and a client
+//! whose `since` is higher misses typing until the tokens pass it. This
+//! one does not. A run starts at `max(saved + 1, ms since the Unix
+//! epoch)`, `saved` the last token of the previous run, from `--state
+//! FILE`. That file (JSON: the token and the rooms with someone typing)
+//! is replaced, written beside it and renamed, on every change. At start,
+//! before serving, each room it lists gets a row `[room, []]` at the next
+//! tokens (Synapse's followers keep a room's typing until a row replaces
+//! it), and the first connection announces `POSITION typing <instance>
+//! <cur> <cur>`: followers at an older token fetch `(old, cur]` and get
+//! those rows; the next change is followed at once.
+//!
+//! Without `--state` (or with the file lost), the clock alone keeps the
+//! tokens above the old run's, if the old run made at most one change
+//! per millisecond on average since it started and the clock has not
+//! stepped back. Rooms it left shown typing then stay shown until someone
+//! types there again, or until Synapse forgets the room (each follower
+//! drops rooms without a typing change for ten minutes: 10 to 20 minutes
+//! later). The file is not synced to disk: a power loss is a lost file.
+//! Tokens about 1.7e12 are fine for Synapse: they are Python ints, kept
+//! in no database column (sync tokens are text), below 2^53 for clients.
 
 mod writer;
 
@@ -46,7 +71,7 @@ use synapse_replication::config::SynapseConfig;
 
 const USAGE: &str = "usage: typing_writer [--config FILE.json] [--server-name NAME] \
 --instance NAME [--redis HOST:PORT] --listen HOST:PORT --homeserver http://HOST:PORT \
-[--secret SECRET] [--admin-token TOKEN]";
+[--secret SECRET] [--admin-token TOKEN] [--state FILE]";
 
 fn main() -> ExitCode {
     match run() {
@@ -101,6 +126,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 instance,
                 homeserver,
                 admin_token: flag("--admin-token"),
+                state: flag("--state").map(std::path::PathBuf::from),
             },
             &listen,
         )

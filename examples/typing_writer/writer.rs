@@ -11,13 +11,16 @@
 // `#[path]`).
 #[path = "federation.rs"]
 pub mod federation;
+#[path = "restart.rs"]
+pub mod restart;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use synapse_replication::positions::{BoxError, FollowerEvent};
 use synapse_replication::session::RedisEvent;
 
@@ -67,6 +70,10 @@ pub struct Options {
     /// A server admin's access token on `homeserver`, for the admin API
     /// that says which servers are in a room (inbound federation typing).
     pub admin_token: Option<String>,
+    /// Where the writer keeps its last token and the rooms with someone
+    /// typing (`--state FILE`), so that a restart starts above the old
+    /// run's tokens and clears what it left shown (see `restart.rs`).
+    pub state: Option<PathBuf>,
 }
 
 // By hand: the admin token never shows (the config redacts its secrets).
@@ -80,6 +87,7 @@ impl std::fmt::Debug for Options {
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -87,8 +95,15 @@ impl std::fmt::Debug for Options {
 /// The state of typing: `TypingWriterHandler`'s, in Rust.
 #[derive(Debug, Default)]
 struct Typing {
-    /// The stream's token: one per change.
+    /// The stream's token: one per change, from the run's start token
+    /// (never below the previous run's: `restart.rs`).
     serial: i64,
+    /// Where `serial` and the rooms with someone typing are saved on each
+    /// change.
+    state: Option<restart::StateFile>,
+    /// The rooms cleared at start, kept in the state file until the first
+    /// announcement (a crash before it clears them again next time).
+    unannounced: BTreeSet<String>,
     /// Who is typing in each room.
     rooms: HashMap<String, BTreeSet<String>>,
     /// When each (room, user) stops.
@@ -181,7 +196,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A running writer: its address and counters. The tasks run on smol's
-/// global executor until the process ends.
+/// global executor until the process ends, or until [`Running::stop`].
 pub struct Running {
     /// The writer.
     pub writer: Arc<TypingWriter>,
@@ -189,10 +204,39 @@ pub struct Running {
     pub addr: SocketAddr,
     /// What the HTTP server did.
     pub counters: HttpServerCounters,
+    /// The HTTP server, the Redis client and the timeouts.
+    tasks: Vec<smol::Task<()>>,
+}
+
+impl Running {
+    /// Stops the writer as a process exit would: the listener closes, the
+    /// Redis connections drop, nothing more is written (the state file
+    /// stays as the last change left it).
+    pub async fn stop(mut self) {
+        for task in std::mem::take(&mut self.tasks) {
+            task.cancel().await;
+        }
+    }
+}
+
+impl Drop for Running {
+    /// Dropped without [`Running::stop`]: the tasks go on.
+    fn drop(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.detach();
+        }
+    }
 }
 
 /// Starts the writer: the HTTP listener on `listen`, the Redis client, and
 /// the timeout task, each on smol's executor.
+///
+/// Its tokens start above the previous run's (`restart.rs`): at
+/// `max(saved + 1, ms since the epoch)`, `saved` from the state file. The
+/// rooms the previous run left with someone typing get a row `[room, []]`
+/// each, at the next tokens, before anything is served: kept in the
+/// history, they are what a follower at an older token fetches after the
+/// first connection's `POSITION typing <instance> <cur> <cur>`.
 pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     let instance = InstanceName::from(options.instance.as_str());
     let history = Arc::new(Mutex::new(
@@ -202,15 +246,11 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     let mut client = RedisClient::follow(SmolRuntime, &options.synapse, instance.clone())
         .map_err(io::Error::other)?
         .with_history(history.clone());
-    // Typing starts at 0 with each start, as Synapse's writer does; the
-    // Writer announces it on every (re)connection and REPLICATE.
-    client
-        .advance(&StreamName::Typing, Token(0))
-        .map_err(io::Error::other)?;
+    let typing = restarted(&mut client, options.state.clone())?;
     let writer = Arc::new(TypingWriter {
         instance: instance.clone(),
         homeserver: options.homeserver.trim_end_matches('/').to_owned(),
-        typing: Mutex::new(Typing::default()),
+        typing: Mutex::new(typing),
         rows: client.sender(),
         auth: Mutex::new(HashMap::new()),
         members: Mutex::new(HashMap::new()),
@@ -255,15 +295,82 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         });
     let addr = server.local_addr()?;
     let counters = server.counters();
-    smol::spawn(server.run()).detach();
-
-    smol::spawn(redis_task(client, writer.clone())).detach();
-    smol::spawn(timeout_task(writer.clone())).detach();
+    let tasks = vec![
+        smol::spawn(server.run()),
+        smol::spawn(redis_task(client, writer.clone())),
+        smol::spawn(timeout_task(writer.clone())),
+    ];
     Ok(Running {
         writer,
         addr,
         counters,
+        tasks,
     })
+}
+
+/// The typing state a run starts with: its start token, written to
+/// `client` (the history begins there), and a row clearing each room the
+/// previous run left with someone typing, at the tokens after it
+/// (recorded, and sent by the first connection's announcement). The state
+/// file is written with the new token before anything is served; one that
+/// cannot be written stops the start (the next restart would not know
+/// this run's tokens).
+fn restarted(client: &mut RedisClient<SmolRuntime>, state: Option<PathBuf>) -> io::Result<Typing> {
+    let state = state.map(restart::StateFile::new);
+    let saved = match state.as_ref().map(restart::StateFile::load) {
+        Some(Ok(saved)) => saved,
+        Some(Err(error)) => {
+            // Taken as lost: the clock still keeps tokens moving forward.
+            eprintln!("typing writer: state file unreadable, starting from the clock: {error}");
+            None
+        }
+        None => None,
+    };
+    let start = restart::start_token(
+        saved.as_ref().map(|saved| saved.token),
+        restart::clock_floor(SystemTime::now()),
+    );
+    client
+        .advance(&StreamName::Typing, Token(start))
+        .map_err(io::Error::other)?;
+    let mut typing = Typing {
+        serial: start,
+        state,
+        unannounced: saved.map(|saved| saved.rooms).unwrap_or_default(),
+        ..Typing::default()
+    };
+    for room in &typing.unannounced {
+        typing.serial += 1;
+        let token = Token(typing.serial);
+        let row = RawRow::from_value(&json!([room, []])).map_err(io::Error::other)?;
+        client
+            .write(&StreamName::Typing, token, [(token, row)])
+            .map_err(io::Error::other)?;
+    }
+    eprintln!(
+        "typing writer: starting at typing token {start}, clearing {} room(s) left typing",
+        typing.unannounced.len()
+    );
+    typing.save()?;
+    Ok(typing)
+}
+
+impl Typing {
+    /// Saves the token and the rooms a restart must clear: those with
+    /// someone typing, and those cleared at start and not yet announced.
+    fn save(&self) -> io::Result<()> {
+        let Some(file) = &self.state else {
+            return Ok(());
+        };
+        let typing = self
+            .rooms
+            .iter()
+            .filter(|(_, users)| !users.is_empty())
+            .map(|(room, _)| room.as_str());
+        let unannounced = self.unannounced.iter().map(String::as_str);
+        file.save(self.serial, typing.chain(unannounced))
+            .map_err(|error| io::Error::other(format!("{}: {error}", file.path().display())))
+    }
 }
 
 /// Publishes what the other tasks write, and follows the deployment (to
@@ -286,9 +393,11 @@ async fn redis_task(mut client: RedisClient<SmolRuntime>, writer: Arc<TypingWrit
                     }
                 }
             }
-            event @ (RedisEvent::Ready
-            | RedisEvent::Disconnected { .. }
-            | RedisEvent::WriteFailed { .. }) => {
+            event @ RedisEvent::Ready => {
+                eprintln!("typing writer: redis {event}");
+                writer.announced();
+            }
+            event @ (RedisEvent::Disconnected { .. } | RedisEvent::WriteFailed { .. }) => {
                 eprintln!("typing writer: redis {event}");
             }
             _ => {}
@@ -393,6 +502,24 @@ impl TypingWriter {
             // the room's next change carries its whole state.
             typing.serial -= 1;
             eprintln!("typing writer: typing {token} not written: {error}");
+            return;
+        }
+        if let Err(error) = typing.save() {
+            eprintln!("typing writer: state not saved: {error}");
+        }
+    }
+
+    /// The first connection announced the start (`POSITION typing
+    /// <instance> <cur> <cur>`, from which followers fetch the clearing
+    /// rows): those rooms need not be cleared again by the next run.
+    fn announced(&self) {
+        let mut typing = lock(&self.typing);
+        if typing.unannounced.is_empty() {
+            return;
+        }
+        typing.unannounced.clear();
+        if let Err(error) = typing.save() {
+            eprintln!("typing writer: state not saved: {error}");
         }
     }
 

@@ -55,8 +55,12 @@ pub enum HistoryMode {
 /// `limit` rows cut between tokens (a batch is never split; a batch larger
 /// than `limit` is a page of its own). Asked for an older range, it
 /// answers as the stream's [`HistoryMode`] says. A history starts complete
-/// from token 0 (a stream whose tokens start again at each start-up, like
-/// `typing`); [`History::begin`] says it starts later.
+/// from token 0 (a stream that has written nothing yet);
+/// [`History::begin`] says it starts later (a writer resuming from a
+/// stored token, or restarting above its previous run's tokens, as
+/// [`Writer`](super::Writer) asks of in-memory streams too: a keyed stream
+/// then answers a follower at an older token with the rows written since
+/// the start).
 ///
 /// Keyed streams also keep the latest row of every key, up to
 /// [`History::with_max_keys`] keys; beyond that the key whose latest row is

@@ -144,9 +144,10 @@ pub struct WriterCounters {
 /// # Call order
 ///
 /// 1. Create it with [`Writer::new`]; tell it the current token of every
-///    stream it writes with [`Writer::advance`] (from the database, or 0
-///    for in-memory streams such as `typing`). Streams with no known token
-///    are not announced.
+///    stream it writes with [`Writer::advance`] (from the database; for
+///    in-memory streams such as `typing`, a start token above the previous
+///    run's: see [Restarts](#restarts-tokens-never-go-backwards)). Streams
+///    with no known token are not announced.
 /// 2. When the connection is ready (over Redis: once the subscription is
 ///    confirmed), call [`Writer::request_replicate`] (if this process
 ///    follows streams, to learn the positions of others), then
@@ -173,6 +174,29 @@ pub struct WriterCounters {
 /// Synapse skips the `POSITION` of `caches` when its token moved only
 /// because other processes wrote; that is the caller's choice here (do not
 /// call [`Writer::advance`] for it then).
+///
+/// # Restarts: tokens never go backwards
+///
+/// The tokens are the application's, and followers remember them: a
+/// Synapse process drops `RDATA` at or below the last token it saw of a
+/// writer, and a client whose `/sync` carries an older run's token sees
+/// nothing of a stream until its tokens pass it. So a stream's tokens must
+/// never go backwards, not even across the writer's restarts, and not for
+/// a stream that lives in memory (Synapse's own typing writer starts again
+/// at 0, and is not followed until it passes its old tokens). Start at
+/// `max(the last token the previous run persisted + 1, a clock floor)`,
+/// the floor e.g. milliseconds since the Unix epoch: with the persisted
+/// token lost, that is still above the old run unless it averaged more
+/// than one token per millisecond (or the clock stepped back).
+///
+/// What the previous run left standing as current (the rooms of `typing`,
+/// which Synapse's followers show until a row replaces them) is replaced
+/// by rows at the tokens after the start, written before connecting. With
+/// a [`History`], the first announcement (`POSITION stream me cur cur`)
+/// makes every follower at an older token fetch `(old, cur]`, and the
+/// history, which begins at the start token and answers older ranges per
+/// key ([`HistoryMode::Keyed`](crate::positions::HistoryMode::Keyed)),
+/// answers those rows. `examples/typing_writer` does all of it.
 pub struct Writer {
     own: InstanceName,
     registry: Arc<dyn WriterRegistry>,
@@ -697,6 +721,66 @@ mod tests {
         assert_eq!(
             history.last(&StreamName::Typing, &InstanceName::master()),
             Some(Token(0))
+        );
+    }
+
+    /// A restart as the docs say: the start token above the old run, the
+    /// rows replacing what it left written before connecting, announced
+    /// once, and answered to a follower at the old run's token.
+    #[test]
+    fn a_restarted_writer_announces_its_start_and_answers_the_rows_replacing_the_old_run() {
+        use crate::positions::{CatchUpId, CatchUpRequest, HistoryMode};
+        let registry = std::sync::Arc::new(crate::config::StreamWriters::default());
+        let history =
+            History::new(10).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 });
+        let history = Arc::new(Mutex::new(history));
+        let mut writer =
+            Writer::new(InstanceName::master(), registry).with_history(history.clone());
+        // The old run reached 1_700_000_000_005; the clock says more.
+        let (old, start) = (1_700_000_000_005, 1_700_000_000_100);
+        writer.advance(&StreamName::Typing, Token(start)).unwrap();
+        for (token, room) in [(start + 1, "!a"), (start + 2, "!b")] {
+            let row = RawRow::new(format!(r#"["{room}",[]]"#).into_bytes()).unwrap();
+            writer
+                .write(&StreamName::Typing, Token(token), [(Token(token), row)])
+                .unwrap();
+        }
+        writer.connected(Instant::now());
+        let sent: Vec<Command> = std::iter::from_fn(|| writer.poll_command()).collect();
+        let cur = start + 2;
+        let announced = Command::Position(Position {
+            stream: StreamName::Typing,
+            instance: InstanceName::master(),
+            prev_token: Token(cur),
+            new_token: Token(cur),
+        });
+        assert_eq!(sent, [announced]);
+        let ask = |from| CatchUpRequest {
+            id: CatchUpId::new(1),
+            stream: StreamName::Typing,
+            writer: InstanceName::master(),
+            from: Token(from),
+            to: Token(cur),
+        };
+        let history = history.lock().unwrap();
+        let cleared = [
+            (Token(start + 1), r#"["!a",[]]"#),
+            (Token(start + 2), r#"["!b",[]]"#),
+        ];
+        for from in [old, 0, start] {
+            let page = history.answer(&ask(from), 100).unwrap();
+            let rows: Vec<_> = page.updates.iter().map(|(t, r)| (*t, r.as_str())).collect();
+            assert_eq!(rows, cleared, "from {from}");
+            assert_eq!((page.upto, page.limited), (Token(cur), false));
+        }
+        // A follower above (a lost state file and a clock that stepped
+        // back): nothing to give it.
+        assert!(
+            history
+                .answer(&ask(cur + 7), 100)
+                .unwrap()
+                .updates
+                .is_empty()
         );
     }
 
