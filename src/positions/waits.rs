@@ -57,7 +57,9 @@ struct Pair {
 /// Waits for writers' positions, sans-IO: register a wait for a (stream,
 /// writer, token), feed the positions the application has applied, and
 /// learn which waits they resolve. No clock and no wakers: time is passed
-/// in, and what a resolved wait wakes is the caller's business.
+/// in, and what a resolved wait wakes is the caller's business (the
+/// clients' [`PositionWaiter`](crate::transport::PositionWaiter) is one
+/// such caller).
 ///
 /// As Synapse's `wait_for_stream_position`: waits are kept per (stream,
 /// writer) sorted by token, a wait resolves when that writer's position
