@@ -559,3 +559,153 @@ fn over_tcp() {
         drop(client);
     });
 }
+
+/// Against a real Synapse 1.163.2 (its rig: a monolith on SQLite with its
+/// own redis-server): a Rust follower waits for positions Synapse's main
+/// process reaches on `events` when a client sends a message. A wait made
+/// before the message resolves once the follower's application has taken
+/// a row at or beyond it; one for the message's own token (learned from
+/// the row, which names the event) resolves with that row applied; one
+/// far beyond times out at the position reached.
+#[cfg(feature = "http-catch-up")]
+#[test]
+fn synapse_writer() {
+    use common::synapse::SynapseRig;
+    use serde_json::json;
+    use synapse_replication::transport::HttpCatchUp;
+
+    #[derive(Default)]
+    struct Seen {
+        /// Master's `events` position, as the application took it.
+        position: Option<Token>,
+        /// Master's `events` rows taken: token and row text.
+        rows: Vec<(Token, String)>,
+    }
+
+    let rig = SynapseRig::start();
+    let user = rig.register("alice", "alice-password");
+    let room = rig.create_room(&user);
+
+    let writers = StreamWriters::from_value(json!({
+        "instance_map": {"main": {"host": "127.0.0.1", "port": rig.replication_port}}
+    }))
+    .expect("the rig's instance_map");
+    let registry = Arc::new(writers.with_redis(true));
+    let config = RedisConfig::tcp("127.0.0.1", rig.redis_port);
+    let me = InstanceName::from("rust_worker");
+    let session = RedisSession::new(
+        config.session_config(&rig.server_name),
+        Follower::new(me.clone(), registry.clone()),
+        Writer::new(me, registry.clone()),
+    );
+    let mut client = RedisClient::new(SmolRuntime, config, session).with_catch_up(Arc::new(
+        HttpCatchUp::new(SmolRuntime, registry, Some(rig.secret.clone()))
+            .with_timeout(Duration::from_secs(10)),
+    ));
+    let waiter = client.waiter();
+    let sender = client.sender();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let shared = seen.clone();
+    let driver = std::thread::spawn(move || {
+        smol::block_on(async move {
+            while let Some(event) = client.next_event().await {
+                let RedisEvent::Follower(event) = event else {
+                    continue;
+                };
+                let mut seen = shared.lock().expect("seen");
+                match event {
+                    FollowerEvent::Rows {
+                        stream: StreamName::Events,
+                        writer,
+                        token,
+                        rows,
+                        ..
+                    } if writer.is_master() => {
+                        seen.position = Some(token);
+                        seen.rows
+                            .extend(rows.iter().map(|row| (token, row.as_str().to_owned())));
+                    }
+                    FollowerEvent::Position {
+                        stream: StreamName::Events,
+                        writer,
+                        token,
+                    }
+                    | FollowerEvent::Started {
+                        stream: StreamName::Events,
+                        writer,
+                        token,
+                    } if writer.is_master() => seen.position = Some(token),
+                    _ => {}
+                }
+            }
+        })
+    });
+    let poll_seen = |what: &str, check: &dyn Fn(&Seen) -> Option<Token>| -> Token {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(token) = check(&seen.lock().expect("seen")) {
+                return token;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let start = poll_seen("master's events position", &|seen| seen.position);
+
+    // Before the message: the next token of master's.
+    let next = Token(start.0 + 1);
+    let mut before = waiter.wait_for_position(&events(), &master(), next, LONG);
+    assert!(poll_now(&mut before).is_pending());
+    let event_id = rig.send_message(&user, &room, "waiting for a position");
+    assert_eq!(smol::block_on(before), Ok(()));
+    let reached = seen.lock().expect("seen").position;
+    assert!(
+        reached >= Some(next),
+        "resolved at {reached:?}, before a row at {next} was applied"
+    );
+
+    // The message's own token, from its row.
+    let message = poll_seen("the message's row", &|seen| {
+        seen.rows
+            .iter()
+            .find(|(_, row)| row.contains(&event_id))
+            .map(|(token, _)| *token)
+    });
+    assert!(message >= next);
+    assert_eq!(
+        smol::block_on(waiter.wait_for_position(&events(), &master(), message, LONG)),
+        Ok(())
+    );
+    assert!(
+        seen.lock()
+            .expect("seen")
+            .rows
+            .iter()
+            .any(|(token, row)| *token == message && row.contains(&event_id))
+    );
+
+    // Far beyond what Synapse wrote: a timeout, at the position reached.
+    let beyond = Token(message.0 + 1000);
+    match smol::block_on(waiter.wait_for_position(
+        &events(),
+        &master(),
+        beyond,
+        Duration::from_millis(300),
+    )) {
+        Err(WaitError::Timeout {
+            token,
+            reached: Some(reached),
+            ..
+        }) => {
+            assert_eq!(token, beyond);
+            assert!(reached >= message && reached < beyond, "reached {reached}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    sender.shutdown();
+    driver.join().expect("the driver thread");
+    assert_eq!(
+        smol::block_on(waiter.wait_for_position(&events(), &master(), beyond, LONG)),
+        Err(WaitError::Closed)
+    );
+}
