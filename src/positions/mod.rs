@@ -11,6 +11,10 @@
 //!   commands, announces its positions on connect and in answer to
 //!   `REPLICATE`, and rate-limits the `REPLICATE`s it sends.
 //!
+//! Beside them, [`PositionWaits`] holds waits for a writer's position
+//! (read-your-writes, the replication HTTP API's `_stream_positions`),
+//! resolved by the positions the application has applied.
+//!
 //! Both follow Synapse 1.163.2 (`replication/tcp/handler.py`,
 //! `replication/tcp/resource.py`), with the deliberate differences listed
 //! on each type.
@@ -58,6 +62,7 @@ mod follower;
 mod history;
 mod replication;
 mod serve;
+mod waits;
 mod writer;
 
 pub use catch_up::{
@@ -78,6 +83,7 @@ pub use replication::{
 pub use serve::{
     CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
 };
+pub use waits::{PositionWaits, Registered, TooManyWaiters, Wait, WaitId};
 pub use writer::{RateLimit, WriteError, Writer, WriterConfig, WriterCounters};
 
 use crate::wire::StreamName;

@@ -79,6 +79,7 @@ pub use async_trait::async_trait;
 
 pub use client::backoff::Backoff;
 pub use client::source::CatchUpSource;
+pub use client::waits::{PositionWaiter, WaitError, WaitForPosition};
 #[cfg(feature = "http-catch-up")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http-catch-up")))]
 pub use http::call::{CallFailure, CallRetries, ReplicationCallError, ReplicationClient};

@@ -431,6 +431,11 @@ impl Follower {
         self.ctx.events.len()
     }
 
+    /// The events waiting for [`Follower::poll_event`], in order.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = &FollowerEvent> {
+        self.ctx.events.iter()
+    }
+
     /// Applies one page of the answer to catch-up `id`.
     ///
     /// Rows are delivered grouped by token ([`RowOrigin::CatchUp`]). A

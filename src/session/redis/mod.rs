@@ -995,6 +995,12 @@ impl RedisSession {
         &self.follower
     }
 
+    /// The follower's events not handed over yet, in order (the session's
+    /// own events are never the follower's).
+    pub(crate) fn queued_follower_events(&self) -> impl Iterator<Item = &FollowerEvent> {
+        self.follower.queued()
+    }
+
     /// The follower, to seed positions ([`Follower::set_position`]) or
     /// forget writers; drain events after, through
     /// [`RedisSession::poll_event`] (taking the follower's events from it

@@ -6,7 +6,7 @@ use std::time::{Instant, SystemTime};
 use bytes::{BufMut, Bytes, BytesMut};
 use bytestring::ByteString;
 
-use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, Follower};
+use crate::positions::{CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent};
 use crate::wire::{Command, Decoder, EncodeError, Side};
 
 use super::super::SendError;
@@ -420,6 +420,17 @@ impl TcpClientSession {
     /// The follower.
     pub fn follower(&self) -> &Follower {
         &self.follower
+    }
+
+    /// The follower's events not handed over yet, in order.
+    pub(crate) fn queued_follower_events(&self) -> impl Iterator<Item = &FollowerEvent> {
+        self.events
+            .iter()
+            .filter_map(|event| match event {
+                TcpClientEvent::Follower(event) => Some(event),
+                _ => None,
+            })
+            .chain(self.follower.queued())
     }
 
     /// The follower, to seed positions ([`Follower::set_position`]) or

@@ -25,6 +25,7 @@ use crate::transport::client::backoff::Backoff;
 use crate::transport::client::catch_ups::CatchUps;
 use crate::transport::client::command_queue::{CommandQueue, CommandSender, Queued};
 use crate::transport::client::source::CatchUpSource;
+use crate::transport::client::waits::{PositionWaiter, WaitForPosition, Waits};
 use crate::transport::net::dial::Dial;
 use crate::transport::net::socket::{Link, Timer};
 use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
@@ -58,6 +59,12 @@ pub struct RedisClientConfig {
     /// in [`RedisStats::refused_commands`] ([`RedisClient::stats`]). 0
     /// refuses every command.
     pub command_queue: usize,
+    /// Waits for a position the client holds at once
+    /// ([`RedisClient::wait_for_position`]; 10 000,
+    /// [`PositionWaits::DEFAULT_LIMIT`](crate::positions::PositionWaits::DEFAULT_LIMIT)).
+    /// Beyond it a wait fails with
+    /// [`WaitError::TooManyWaiters`](crate::transport::WaitError::TooManyWaiters).
+    pub max_waiters: usize,
 }
 
 impl Default for RedisClientConfig {
@@ -69,6 +76,7 @@ impl Default for RedisClientConfig {
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 256 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
+            max_waiters: crate::positions::PositionWaits::DEFAULT_LIMIT,
         }
     }
 }
@@ -173,6 +181,8 @@ pub struct RedisClient<R: Runtime> {
     read_buffer: Vec<u8>,
     commands: CommandQueue,
     sender: CommandSender,
+    /// Waits for positions, fed as the application takes events.
+    waits: Waits,
     shutdown: bool,
     /// Hears the sentinels' failovers (sentinel configurations only).
     watcher: Option<SentinelWatcher>,
@@ -256,6 +266,7 @@ impl<R: Runtime> RedisClient<R> {
         options: RedisClientConfig,
     ) -> RedisClient<R> {
         let (commands, sender) = CommandQueue::new(options.command_queue);
+        let waits = Waits::new(session.follower().own_name().clone(), options.max_waiters);
         let slot = || Slot {
             state: State::Start,
             backoff: Backoff::new(options.initial_backoff, options.max_backoff),
@@ -278,6 +289,7 @@ impl<R: Runtime> RedisClient<R> {
             timer: Timer::new(),
             commands,
             sender,
+            waits,
             shutdown: false,
         }
     }
@@ -401,6 +413,37 @@ impl<R: Runtime> RedisClient<R> {
         self.sender.clone()
     }
 
+    /// A handle to wait, from any task, until the application has applied
+    /// a writer's rows up to a token (see [`PositionWaiter`]).
+    pub fn waiter(&self) -> PositionWaiter
+    where
+        R: Clone,
+    {
+        self.waits.waiter(Arc::new(self.runtime.clone()))
+    }
+
+    /// Resolves once the application has applied `writer`'s rows of
+    /// `stream` up to `token`: it took the event that brings the writer
+    /// there from [`next_event`](RedisClient::next_event) and came back
+    /// for the next one. Fails after `timeout`
+    /// ([`PositionWaiter::DEFAULT_TIMEOUT`] is Synapse's 5 s). The future
+    /// borrows nothing: keep calling `next_event` while it waits, in this
+    /// task or another. See [`PositionWaiter::wait_for_position`], which
+    /// this is, for the rules and an example.
+    pub fn wait_for_position(
+        &self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+        timeout: Duration,
+    ) -> WaitForPosition
+    where
+        R: Clone,
+    {
+        self.waiter()
+            .wait_for_position(stream, writer, token, timeout)
+    }
+
     /// The session's [`RedisStats`], with what only the client knows:
     /// [`RedisStats::refused_commands`].
     pub fn stats(&self) -> RedisStats {
@@ -487,6 +530,7 @@ impl<R: Runtime> RedisClient<R> {
         self.shutdown = true;
         self.commands.close();
         self.catch_ups.clear();
+        self.waits.close();
     }
 
     /// Polls for the next event; see [`next_event`](RedisClient::next_event).
@@ -498,6 +542,10 @@ impl<R: Runtime> RedisClient<R> {
         if !self.shutdown && self.commands.shutdown_requested() {
             self.shut_down();
         }
+        // The application is back: what it took last is applied.
+        let session = &self.session;
+        self.waits
+            .resume(session.follower(), || session.queued_follower_events());
         for _ in 0..BUDGET {
             if let Some(event) = self.next_queued() {
                 return Poll::Ready(Some(event));
@@ -533,6 +581,7 @@ impl<R: Runtime> RedisClient<R> {
                 if let Some(event) = self.next_queued() {
                     return Poll::Ready(Some(event));
                 }
+                self.waits.idle(cx);
                 return Poll::Pending;
             }
         }
@@ -546,6 +595,9 @@ impl<R: Runtime> RedisClient<R> {
         loop {
             let event = self.session.poll_event()?;
             self.observe(&event);
+            if let RedisEvent::Follower(event) = &event {
+                self.waits.handing(event);
+            }
             if !matches!(event, RedisEvent::Closing { .. }) {
                 return Some(event);
             }

@@ -21,6 +21,7 @@ use crate::transport::client::backoff::Backoff;
 use crate::transport::client::catch_ups::CatchUps;
 use crate::transport::client::command_queue::{CommandQueue, CommandSender, Queued};
 use crate::transport::client::source::CatchUpSource;
+use crate::transport::client::waits::{PositionWaiter, WaitForPosition, Waits};
 use crate::transport::net::socket::{BUDGET, Link, Timer};
 use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 
@@ -50,6 +51,12 @@ pub struct TcpClientConfig {
     /// [`CommandSender::send`] refuses with [`CommandSendError::Full`](crate::transport::CommandSendError::Full),
     /// counted in [`TcpClient::refused_commands`]. 0 refuses every command.
     pub command_queue: usize,
+    /// Waits for a position the client holds at once
+    /// ([`TcpClient::wait_for_position`]; 10 000,
+    /// [`PositionWaits::DEFAULT_LIMIT`](crate::positions::PositionWaits::DEFAULT_LIMIT)).
+    /// Beyond it a wait fails with
+    /// [`WaitError::TooManyWaiters`](crate::transport::WaitError::TooManyWaiters).
+    pub max_waiters: usize,
 }
 
 impl Default for TcpClientConfig {
@@ -62,6 +69,7 @@ impl Default for TcpClientConfig {
             catch_up_backoff: Duration::from_millis(500),
             read_buffer: 64 << 10,
             command_queue: CommandSender::DEFAULT_CAPACITY,
+            max_waiters: crate::positions::PositionWaits::DEFAULT_LIMIT,
         }
     }
 }
@@ -111,6 +119,8 @@ pub struct TcpClient<R: Runtime> {
     read_buffer: Vec<u8>,
     commands: CommandQueue,
     sender: CommandSender,
+    /// Waits for positions, fed as the application takes events.
+    waits: Waits,
 }
 
 impl<R: Runtime> fmt::Debug for TcpClient<R> {
@@ -148,6 +158,7 @@ impl<R: Runtime> TcpClient<R> {
         options: TcpClientConfig,
     ) -> TcpClient<R> {
         let (commands, sender) = CommandQueue::new(options.command_queue);
+        let waits = Waits::new(session.follower().own_name().clone(), options.max_waiters);
         TcpClient {
             runtime,
             addr: addr.into(),
@@ -161,6 +172,7 @@ impl<R: Runtime> TcpClient<R> {
             read_buffer: Vec::new(),
             commands,
             sender,
+            waits,
         }
     }
 
@@ -213,6 +225,37 @@ impl<R: Runtime> TcpClient<R> {
     /// [`TcpClientConfig::command_queue`] commands.
     pub fn sender(&self) -> CommandSender {
         self.sender.clone()
+    }
+
+    /// A handle to wait, from any task, until the application has applied
+    /// a writer's rows up to a token (see [`PositionWaiter`]).
+    pub fn waiter(&self) -> PositionWaiter
+    where
+        R: Clone,
+    {
+        self.waits.waiter(Arc::new(self.runtime.clone()))
+    }
+
+    /// Resolves once the application has applied `writer`'s rows of
+    /// `stream` up to `token`: it took the event that brings the writer
+    /// there from [`next_event`](TcpClient::next_event) and came back for
+    /// the next one. Fails after `timeout`
+    /// ([`PositionWaiter::DEFAULT_TIMEOUT`] is Synapse's 5 s). The future
+    /// borrows nothing: keep calling `next_event` while it waits, in this
+    /// task or another. See [`PositionWaiter::wait_for_position`], which
+    /// this is, for the rules and an example.
+    pub fn wait_for_position(
+        &self,
+        stream: &StreamName,
+        writer: &InstanceName,
+        token: Token,
+        timeout: Duration,
+    ) -> WaitForPosition
+    where
+        R: Clone,
+    {
+        self.waiter()
+            .wait_for_position(stream, writer, token, timeout)
     }
 
     /// Commands a [`CommandSender`] refused because the queue was full.
@@ -288,6 +331,7 @@ impl<R: Runtime> TcpClient<R> {
         self.commands.close();
         self.catch_ups.clear();
         self.events.clear();
+        self.waits.close();
     }
 
     /// Polls for the next event; see [`next_event`](TcpClient::next_event).
@@ -295,8 +339,22 @@ impl<R: Runtime> TcpClient<R> {
         if self.commands.shutdown_requested() {
             self.shut_down();
         }
+        // The application is back: what it took last is applied.
+        let (session, events) = (&self.session, &self.events);
+        self.waits.resume(session.follower(), || {
+            events
+                .iter()
+                .filter_map(|event| match event {
+                    TcpClientEvent::Follower(event) => Some(event),
+                    _ => None,
+                })
+                .chain(session.queued_follower_events())
+        });
         for _ in 0..BUDGET {
             if let Some(event) = self.events.pop_front() {
+                if let TcpClientEvent::Follower(event) = &event {
+                    self.waits.handing(event);
+                }
                 return Poll::Ready(Some(event));
             }
             if matches!(self.state, ClientState::Shutdown) {
@@ -307,6 +365,7 @@ impl<R: Runtime> TcpClient<R> {
             progress |= self.poll_state(cx);
             self.drain_session();
             if !progress && self.events.is_empty() {
+                self.waits.idle(cx);
                 return Poll::Pending;
             }
         }
