@@ -11,12 +11,16 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use common::synapse::SynapseRig;
 use serde_json::{Value, json};
 use synapse_replication::config::SynapseConfig;
-use synapse_replication::positions::{Method, ReplicationEndpoint};
-use synapse_replication::transport::{CallFailure, ReplicationClient, SmolRuntime};
-use synapse_replication::wire::InstanceName;
+use synapse_replication::positions::{FollowerEvent, Method, ReplicationEndpoint};
+use synapse_replication::session::RedisEvent;
+use synapse_replication::transport::{CallFailure, RedisClient, ReplicationClient, SmolRuntime};
+use synapse_replication::wire::{InstanceName, StreamName, Token};
 
 /// The deployment as a Rust process `rust1` of `rig` reads it.
 fn deployment(rig: &SynapseRig) -> SynapseConfig {
@@ -105,4 +109,98 @@ fn synapse_handles_a_cached_call_once_per_txn_id() {
             .starts_with("replication call register_user on master: 400"),
         "{error}"
     );
+}
+
+#[test]
+fn presence_set_state_returns_once_this_process_applied_the_presence_row() {
+    let rig = SynapseRig::start();
+    let alice_token = rig.register("alice", "alice-password");
+    let alice = rig.user_id("alice");
+    let synapse = deployment(&rig);
+
+    // This process follows the deployment; the application records the
+    // presence rows it has applied.
+    let mut follower = RedisClient::follow(SmolRuntime, &synapse, "rust1").expect("a client");
+    let waiter = follower.waiter();
+    let rows: Arc<Mutex<Vec<(Token, String)>>> = Arc::default();
+    let following = Arc::new(Mutex::new(false));
+    {
+        let (rows, following) = (Arc::clone(&rows), Arc::clone(&following));
+        std::thread::spawn(move || {
+            smol::block_on(async move {
+                while let Some(event) = follower.next_event().await {
+                    match event {
+                        RedisEvent::Follower(FollowerEvent::Rows {
+                            stream: StreamName::Presence,
+                            token,
+                            rows: taken,
+                            ..
+                        }) => {
+                            // An application that takes its time to apply
+                            // a row: the call must wait for it, not only
+                            // for the row's arrival.
+                            smol::Timer::after(Duration::from_millis(300)).await;
+                            rows.lock()
+                                .unwrap()
+                                .extend(taken.iter().map(|row| (token, row.as_str().to_owned())));
+                        }
+                        RedisEvent::Follower(
+                            FollowerEvent::Started {
+                                stream: StreamName::Presence,
+                                ..
+                            }
+                            | FollowerEvent::Position {
+                                stream: StreamName::Presence,
+                                ..
+                            },
+                        ) => *following.lock().unwrap() = true,
+                        _ => {}
+                    }
+                }
+            })
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !*following.lock().unwrap() {
+        assert!(Instant::now() < deadline, "never followed presence");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The call, as a worker's presence handler makes it on the presence
+    // writer (main here).
+    let client =
+        ReplicationClient::from_synapse(SmolRuntime, &synapse, "rust1").with_waiter(waiter);
+    let content = json!({
+        "device_id": null,
+        "state": {"presence": "online", "status_msg": "set from Rust"},
+        "force_notify": false,
+        "is_sync": false,
+    });
+    let started = Instant::now();
+    let answer = smol::block_on(client.call(
+        &InstanceName::master(),
+        &ReplicationEndpoint::presence_set_state(),
+        &[&alice],
+        content.as_object().cloned().unwrap_or_default(),
+    ))
+    .expect("presence set");
+    let took = started.elapsed();
+    // At return, the row main wrote is applied here: nothing to poll for.
+    let applied = rows.lock().unwrap().clone();
+    let row = applied
+        .iter()
+        .find(|(_, row)| row.contains(&alice) && row.contains("set from Rust"))
+        .unwrap_or_else(|| panic!("the presence row is not applied at return: {applied:?}"));
+    assert!(answer.seen, "the wait for main's positions gave up");
+    let presence = answer
+        .positions
+        .iter()
+        .find(|(stream, _)| *stream == StreamName::Presence)
+        .map(|(_, token)| *token)
+        .expect("main writes presence");
+    assert!(row.0 <= presence, "row {row:?}, main at {presence}");
+    eprintln!("presence_set_state answered and applied in {took:?}, row {row:?}");
+    // And Synapse shows it.
+    let shown = rig.get_presence(&alice_token, &alice);
+    assert_eq!(shown["status_msg"], "set from Rust", "{shown}");
 }

@@ -278,9 +278,11 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     let handler_writer = writer.clone();
     let edu_writer = writer.clone();
     let position_writer = writer.clone();
-    // fed_send_edu: the server checks the secret and the body, and answers
-    // a retried txn id without calling the handler again; each answer
-    // carries the typing position, which the caller waits for.
+    // fed_send_edu: the server checks the secret and the body, waits until
+    // this process has seen what the caller wrote (its membership events,
+    // say), answers a retried txn id without calling the handler again,
+    // and each answer carries the typing position, which the caller waits
+    // for.
     let server = HttpServer::bind(SmolRuntime, listen, endpoint, source)
         .await?
         .with_writers(options.synapse.writers().clone())
@@ -289,6 +291,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
             async move { writer.fed_send_edu(call).await }.boxed()
         })
         .with_positions(move || vec![(StreamName::Typing, position_writer.token())])
+        .with_waiter(client.waiter())
         .with_handler(move |request| {
             let writer = handler_writer.clone();
             async move { writer.answer(request).await }.boxed()

@@ -510,6 +510,22 @@ impl PositionWaiter {
         }
     }
 
+    /// [`wait_for_position`](Self::wait_for_position) until `deadline`:
+    /// whether the position was reached (the replication HTTP API's waits,
+    /// which go on either way, as Synapse's).
+    #[cfg(any(feature = "http-catch-up", feature = "http-server"))]
+    pub(crate) fn reached_by(
+        &self,
+        stream: StreamName,
+        writer: InstanceName,
+        token: Token,
+        deadline: std::time::Instant,
+    ) -> BoxFuture<'static, bool> {
+        let timeout = deadline.saturating_duration_since(self.runtime.now());
+        let wait = self.wait_for_position(&stream, &writer, token, timeout);
+        Box::pin(async move { wait.await.is_ok() })
+    }
+
     /// Waits held now (not resolved, expired or dropped).
     pub fn waiting(&self) -> usize {
         self.shared.lock().table.len()

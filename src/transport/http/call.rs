@@ -22,6 +22,7 @@ use crate::positions::{
     BoxError, Method, RemoteError, ReplicationAnswer, ReplicationEndpoint, StreamPositions,
     WAIT_FOR_POSITIONS, call_body, read_answer,
 };
+use crate::transport::client::waits::PositionWaiter;
 use crate::transport::runtime::{BoxFuture, Runtime};
 use crate::wire::{InstanceName, StreamName, Token};
 
@@ -84,7 +85,7 @@ impl Default for CallRetries {
 ///   the same txn id;
 /// - once answered, the call waits until this process's follower has seen
 ///   the callee's positions
-///   ([`with_position_waits`](Self::with_position_waits)), five seconds at
+///   ([`with_waiter`](Self::with_waiter)), five seconds at
 ///   most, as Synapse does, so that a read after the call sees what the
 ///   call wrote; [`ReplicationAnswer::seen`] says whether it had.
 ///
@@ -217,7 +218,19 @@ impl<R: Runtime> ReplicationClient<R> {
         self
     }
 
-    /// Waits with `wait(stream, writer, token, deadline)` for each of the
+    /// Before a call returns, waits until this process's follower (the
+    /// client `waiter` came from: [`RedisClient::waiter`](crate::transport::RedisClient::waiter))
+    /// has applied the callee's positions, five seconds at most, as
+    /// Synapse does.
+    #[must_use]
+    pub fn with_waiter(self, waiter: PositionWaiter) -> ReplicationClient<R> {
+        self.with_position_waits(move |stream, writer, token, deadline| {
+            waiter.reached_by(stream, writer, token, deadline)
+        })
+    }
+
+    /// [`with_waiter`](Self::with_waiter) for a follower of the
+    /// application's own: waits with `wait(stream, writer, token, deadline)` for each of the
     /// callee's positions before a call returns: a future that says `true`
     /// once this process's follower has seen `writer` reach `token` on
     /// `stream`, `false` when it gives up at `deadline`. Without it calls

@@ -39,6 +39,7 @@ use crate::positions::{
 use super::hyper_io::HyperIo;
 use crate::config::{Endpoint, InstanceLocation, SynapseConfig};
 use crate::transport::client::source::CatchUpSource;
+use crate::transport::client::waits::PositionWaiter;
 use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
 use crate::wire::{InstanceName, StreamName, Token};
 use crate::writers::WriterRegistry;
@@ -513,7 +514,7 @@ impl<R: Runtime> HttpServer<R> {
     ///   [`ReplicationApi`](crate::positions::ReplicationApi)) and taken
     ///   out of the content the handler gets;
     /// - the server waits until this process's follower has seen the
-    ///   caller's positions ([`with_position_waits`](Self::with_position_waits)),
+    ///   caller's positions ([`with_waiter`](Self::with_waiter)),
     ///   five seconds at most, then handles the call anyway, as Synapse
     ///   does;
     /// - for an endpoint that caches, the answer is kept 30 minutes under
@@ -606,7 +607,19 @@ impl<R: Runtime> HttpServer<R> {
         self
     }
 
-    /// Before handling a call, waits with `wait(stream, writer, token,
+    /// Before handling a call, waits until this process's follower (the
+    /// client `waiter` came from: [`RedisClient::waiter`](crate::transport::RedisClient::waiter))
+    /// has applied the caller's positions, five seconds at most, then
+    /// handles it anyway, as Synapse does.
+    #[must_use]
+    pub fn with_waiter(self, waiter: PositionWaiter) -> HttpServer<R> {
+        self.with_position_waits(move |stream, writer, token, deadline| {
+            waiter.reached_by(stream, writer, token, deadline)
+        })
+    }
+
+    /// [`with_waiter`](Self::with_waiter) for a follower of the
+    /// application's own: waits with `wait(stream, writer, token,
     /// deadline)` for each position the caller sent: a future that says
     /// `true` once this process's follower has seen `writer` reach `token`
     /// on `stream`, `false` when it gives up at `deadline`. Without it
