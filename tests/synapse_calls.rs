@@ -204,3 +204,48 @@ fn presence_set_state_returns_once_this_process_applied_the_presence_row() {
     let shown = rig.get_presence(&alice_token, &alice);
     assert_eq!(shown["status_msg"], "set from Rust", "{shown}");
 }
+
+#[test]
+fn a_get_call_sends_its_content_as_the_query() {
+    let rig = SynapseRig::start();
+    let token = rig.register("alice", "alice-password");
+    rig.create_room(&token);
+    let synapse = deployment(&rig);
+    let client = ReplicationClient::from_synapse(SmolRuntime, &synapse, "rust1");
+    // Synapse's only GET endpoint: catch-up, with its arguments in the
+    // query, as Synapse's own client sends them.
+    let endpoint =
+        ReplicationEndpoint::new(Method::Get, "get_repl_stream_updates", &["stream_name"]);
+    let query = json!({"from_token": 0, "upto_token": 3});
+    let answer = smol::block_on(client.call(
+        &InstanceName::master(),
+        &endpoint,
+        &["events"],
+        query.as_object().cloned().unwrap_or_default(),
+    ))
+    .expect("a page");
+    assert_eq!(answer.content["upto_token"], 3, "{:?}", answer.content);
+    let updates = answer.content["updates"].as_array().expect("updates");
+    assert!(
+        !updates.is_empty(),
+        "the room's first events: {:?}",
+        answer.content
+    );
+    assert!(
+        updates
+            .iter()
+            .all(|update| update[0].as_i64().is_some_and(|t| (1..=3).contains(&t)))
+    );
+    // Without the query, Synapse says which argument is missing.
+    let error = smol::block_on(client.call(
+        &InstanceName::master(),
+        &endpoint,
+        &["events"],
+        serde_json::Map::new(),
+    ))
+    .expect_err("no from_token");
+    assert!(
+        matches!(&error.failure, CallFailure::Remote(remote) if remote.status == 400 && remote.errcode == "M_MISSING_PARAM"),
+        "{error}"
+    );
+}

@@ -78,7 +78,7 @@ pub use replication::{
     CacheLookup, CachedAnswer, MAX_POSITIONS, Method, RemoteError, ReplicationAnswer,
     ReplicationApi, ReplicationEndpoint, ReplicationError, ReplicationRequest, ResponseCache,
     Route, STREAM_POSITIONS_KEY, StreamPositions, WAIT_FOR_POSITIONS, answer_body, call_body,
-    fingerprint, read_answer,
+    call_query, fingerprint, read_answer,
 };
 pub use serve::{
     CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,

@@ -83,6 +83,65 @@ pub fn call_body(mut content: Map<String, Value>, positions: Option<&StreamPosit
     Value::Object(content).to_string()
 }
 
+/// The query of a `GET` call: `content` as Synapse's client sends a
+/// `GET`'s payload (`urlencode(args, doseq=True)`): `key=value` pairs,
+/// `+` for a space and `%XX` for other bytes than letters, digits and
+/// `_.-~`; a string as it is, a number as it is written, `True`/`False`
+/// and `None` as Python spells them, an array as one pair per element.
+///
+/// ```
+/// use synapse_replication::positions::call_query;
+///
+/// let content = serde_json::json!({"from_token": 3, "upto_token": 5, "who": "a b"});
+/// assert_eq!(
+///     call_query(content.as_object().unwrap()),
+///     "from_token=3&upto_token=5&who=a+b",
+/// );
+/// ```
+pub fn call_query(content: &Map<String, Value>) -> String {
+    let mut out = String::new();
+    let mut pair = |key: &str, value: &Value| {
+        let text = match value {
+            Value::String(text) => text.clone(),
+            Value::Bool(true) => "True".to_owned(),
+            Value::Bool(false) => "False".to_owned(),
+            Value::Null => "None".to_owned(),
+            other => other.to_string(),
+        };
+        if !out.is_empty() {
+            out.push('&');
+        }
+        quote_plus_into(&mut out, key);
+        out.push('=');
+        quote_plus_into(&mut out, &text);
+    };
+    for (key, value) in content {
+        match value {
+            Value::Array(items) => items.iter().for_each(|item| pair(key, item)),
+            value => pair(key, value),
+        }
+    }
+    out
+}
+
+/// Python's `urllib.parse.quote_plus(text)`.
+fn quote_plus_into(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for byte in text.bytes() {
+        match byte {
+            b' ' => out.push('+'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' | b'~' => {
+                out.push(char::from(byte));
+            }
+            _ => {
+                out.push('%');
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            }
+        }
+    }
+}
+
 /// The body of an answer: `body` (a JSON object, as a handler answered it
 /// or as it was kept for its txn id) with the callee's positions on the
 /// streams it writes under `_INT_STREAM_POS`, as Synapse adds them to
@@ -242,6 +301,18 @@ mod tests {
         assert_eq!((error.status, error.errcode.as_str()), (403, "M_FORBIDDEN"));
         assert!(read_answer(200, b"[1]").is_err());
         assert!(read_answer(200, b"not json").is_err());
+    }
+
+    #[test]
+    fn get_queries_as_python_writes_them() {
+        let content = serde_json::json!({
+            "a": "x/y&z", "b": [1, "two"], "c": true, "d": null, "e": 1.5, "ü": "ß"
+        });
+        assert_eq!(
+            call_query(content.as_object().expect("an object")),
+            "a=x%2Fy%26z&b=1&b=two&c=True&d=None&e=1.5&%C3%BC=%C3%9F"
+        );
+        assert_eq!(call_query(&Map::new()), "");
     }
 
     #[test]

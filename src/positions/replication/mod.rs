@@ -71,7 +71,8 @@ mod error;
 
 pub use api::{ReplicationApi, ReplicationRequest, Route};
 pub use body::{
-    MAX_POSITIONS, ReplicationAnswer, StreamPositions, answer_body, call_body, read_answer,
+    MAX_POSITIONS, ReplicationAnswer, StreamPositions, answer_body, call_body, call_query,
+    read_answer,
 };
 pub use cache::{CacheLookup, CachedAnswer, ResponseCache, fingerprint};
 pub use endpoint::{Method, ReplicationEndpoint};

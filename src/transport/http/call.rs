@@ -20,7 +20,7 @@ use super::hyper_io::HyperIo;
 use crate::config::{InstanceLocation, StreamWriters, SynapseConfig, TlsConfig};
 use crate::positions::{
     BoxError, Method, RemoteError, ReplicationAnswer, ReplicationEndpoint, StreamPositions,
-    WAIT_FOR_POSITIONS, call_body, read_answer,
+    WAIT_FOR_POSITIONS, call_body, call_query, read_answer,
 };
 use crate::transport::client::waits::PositionWaiter;
 use crate::transport::runtime::{BoxFuture, Runtime};
@@ -274,9 +274,10 @@ impl<R: Runtime> ReplicationClient<R> {
     }
 
     /// Calls `endpoint` on `instance` with these path arguments and
-    /// `content` (the body, without `_INT_STREAM_POS`; ignored for a
-    /// `GET`), retrying as [`CallRetries`] says; the answer once this
-    /// process has seen the callee's positions (or waited five seconds).
+    /// `content` (the body, without `_INT_STREAM_POS`; for a `GET`, the
+    /// query, as [`call_query`](crate::positions::call_query) writes it),
+    /// retrying as [`CallRetries`] says; the answer once this process has
+    /// seen the callee's positions (or waited five seconds).
     pub async fn call(
         &self,
         instance: &InstanceName,
@@ -307,6 +308,12 @@ impl<R: Runtime> ReplicationClient<R> {
             Some(Ok(value)) => Some(value.clone()),
             Some(Err(())) => return Err(fail.error(CallFailure::InvalidSecret)),
         };
+        let txn = endpoint.caches().then(txn_id);
+        let mut path = endpoint.path(args, txn.as_deref());
+        if endpoint.method() == Method::Get && !content.is_empty() {
+            path.push('?');
+            path.push_str(&call_query(&content));
+        }
         let body = if endpoint.method() == Method::Get {
             String::new()
         } else {
@@ -316,8 +323,6 @@ impl<R: Runtime> ReplicationClient<R> {
             });
             call_body(content, positions.as_ref())
         };
-        let txn = endpoint.caches().then(txn_id);
-        let path = endpoint.path(args, txn.as_deref());
         let body = Bytes::from(body);
         let retries = &self.retries;
         let (mut connect_failures, mut timeouts) = (0u32, 0u32);
