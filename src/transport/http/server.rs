@@ -1,6 +1,8 @@
-//! Serving catch-up over Synapse's HTTP endpoint (feature `http-server`):
+//! Serving Synapse's replication HTTP API (feature `http-server`):
 //! [`HttpServer`], the writer's side of `HttpCatchUp`, so that Synapse's
-//! own processes can fetch what a Rust writer wrote.
+//! own processes can fetch what a Rust writer wrote, and the callee's side
+//! of `ReplicationClient`, for the endpoints the application handles
+//! ([`HttpServer::with_endpoint`]).
 //!
 //! The request is read and answered by the sans-IO
 //! [`CatchUpEndpoint`]; rows come from a [`CatchUpSource`] (an in-memory
@@ -310,7 +312,8 @@ impl HttpServerCounters {
 
 /// Serves Synapse's catch-up endpoint for one instance, from a
 /// [`CatchUpSource`]: what Synapse's processes call on a writer they
-/// follow (its `instance_map` address).
+/// follow (its `instance_map` address); and the replication HTTP API's
+/// endpoints the application handles ([`HttpServer::with_endpoint`]).
 ///
 /// HTTP/1.1, plain unless [`HttpServer::with_tls`] makes it HTTPS (feature
 /// `tls`): Synapse fetches over HTTPS from an `instance_map` entry that
