@@ -9,16 +9,21 @@
 pub mod decode_line;
 pub mod decode_row;
 pub mod follower;
+pub mod replication_call;
 pub mod resp_decode;
 pub mod roundtrip_line;
 pub mod session_redis;
 pub mod session_tcp;
 
-/// The checks of every target, by name (the name of its corpus directory).
-pub const TARGETS: [(&str, fn(&[u8])); 7] = [
+/// A target: its name (the name of its corpus directory), and its checks.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// The checks of every target, by name.
+pub const TARGETS: [Target; 8] = [
     ("decode_line", decode_line::check),
     ("decode_row", decode_row::check),
     ("follower", follower::check),
+    ("replication_call", replication_call::check),
     ("resp_decode", resp_decode::check),
     ("roundtrip_line", roundtrip_line::check),
     ("session_redis", session_redis::check),
@@ -78,6 +83,11 @@ mod replay {
     #[test]
     fn follower() {
         replay("follower");
+    }
+
+    #[test]
+    fn replication_call() {
+        replay("replication_call");
     }
 
     #[test]

@@ -32,7 +32,9 @@ use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
 use synapse_replication::resp::{self, Frame, Incoming, Limits};
-use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError};
+use synapse_replication::session::{
+    RedisEvent, RedisLink, RedisSession, RedisSessionConfig, SendError,
+};
 use synapse_replication::wire::{
     self, Command, CommandKind, InstanceName, RawRow, StreamName, Token,
 };

@@ -19,7 +19,10 @@ use synapse_replication::config::StreamWriters;
 use synapse_replication::positions::{
     CatchUpPage, CatchUpRequest, Follower, FollowerEvent, Writer,
 };
-use synapse_replication::session::{TcpClientEvent, TcpClientId, TcpClientSession, ConnectionState, TcpServerSession, TcpSessionConfig};
+use synapse_replication::session::{
+    ConnectionState, TcpClientEvent, TcpClientId, TcpClientSession, TcpServerSession,
+    TcpSessionConfig,
+};
 use synapse_replication::wire::{Command, InstanceName, RawRow, StreamName, Token};
 
 const MAX_LINE: usize = 128;
