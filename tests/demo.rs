@@ -141,8 +141,11 @@ fn run_demo(configure: impl FnOnce(&mut Command)) -> String {
         Some(status) => assert!(status.success(), "the demo failed ({status})\n{report}"),
     }
     assert_eq!(stdout.lines().last(), Some(LAST_LINE), "{report}");
+    // About twenty lines; a loaded machine adds up to two a stream and a
+    // worker, where a REPLICATE heard just before makes the next row a
+    // catch-up (fetched, and said so).
     let lines = stdout.lines().count();
-    assert!((15..=25).contains(&lines), "{lines} lines\n{report}");
+    assert!((15..=33).contains(&lines), "{lines} lines\n{report}");
     stdout
 }
 

@@ -57,8 +57,8 @@
 //! worker2: lost its subscriber connection (closed by the peer); reconnecting in 65 ms
 //! worker2: lost its publisher connection (closed by the peer); reconnecting in 66 ms
 //! worker2: ready again: subscribed to "example.com", asked every writer for its positions (REPLICATE)
-//! worker2: master's POSITION typing 18 is past its 9: fetching (9, 18] from master's log
-//! worker2: master's POSITION caches 20 is past its 10: fetching (10, 20] from master's log
+//! worker2: master is at typing 18, past its 9: fetching (9, 18] from master's log
+//! worker2: master is at caches 20, past its 10: fetching (10, 20] from master's log
 //! worker2: caught up 6 typing rows, now at 18
 //! worker2: caught up 10 caches rows, now at 20
 //! rounds 21-30: master wrote 10 caches rows and 8 typing rows; both workers applied each live
@@ -156,8 +156,13 @@ async fn run(executor: &LocalExecutor<'_>) -> Result<()> {
     }
     let tips = log_tips(&log)?;
     observer
-        .wait_until("the workers to have master's positions", |o| {
-            WORKERS.iter().all(|w| o.reached(w, &tips))
+        .wait_until("the workers to be ready with master's positions", |o| {
+            // Ready first: a POSITION heard before the worker's own
+            // REPLICATE went out counts for nothing once it is ready, and
+            // rows written meanwhile would be fetched, not applied live.
+            WORKERS
+                .iter()
+                .all(|w| o.readies.contains_key(w) && o.reached(w, &tips))
         })
         .await?;
     println!("worker1 and worker2 have master's positions: caches 0, typing 0");
@@ -185,6 +190,9 @@ async fn run(executor: &LocalExecutor<'_>) -> Result<()> {
             live.push("worker2");
         }
 
+        if round == 1 || round == CUT_AFTER + 1 || round == BACK_AFTER + 1 {
+            observer.begin_rounds();
+        }
         write_round(round, &log, &to_master).await?;
         let tips = log_tips(&log)?;
         observer
