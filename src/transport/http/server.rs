@@ -1014,16 +1014,13 @@ impl Shared {
         peer: SocketAddr,
         error: &EndpointError,
     ) -> (u16, String) {
-        let counts = &self.counters.inner;
-        let counter = match error {
+        let secret = matches!(
+            error,
             EndpointError::MissingAuthorization
-            | EndpointError::TooManyAuthorizations
-            | EndpointError::InvalidAuthorization => &counts.refused_secret,
-            _ => &counts.bad_requests,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let path = request.uri().path();
-        self.log_refusal(runtime, peer, Refusal::Request { path, error });
+                | EndpointError::TooManyAuthorizations
+                | EndpointError::InvalidAuthorization
+        );
+        self.count_refusal(runtime, request.uri().path(), peer, error, secret);
         (error.status(), error.body())
     }
 
@@ -1035,16 +1032,34 @@ impl Shared {
         peer: SocketAddr,
         error: &ReplicationError,
     ) -> (u16, String) {
-        let counts = &self.counters.inner;
-        let counter = match error {
+        let secret = matches!(
+            error,
             ReplicationError::MissingAuthorization
-            | ReplicationError::TooManyAuthorizations
-            | ReplicationError::InvalidAuthorization => &counts.refused_secret,
-            _ => &counts.bad_requests,
+                | ReplicationError::TooManyAuthorizations
+                | ReplicationError::InvalidAuthorization
+        );
+        self.count_refusal(runtime, path, peer, error, secret);
+        (error.status(), error.body())
+    }
+
+    /// Counts a refused request (for its secret, or as a bad request) and
+    /// logs it.
+    fn count_refusal<R: Runtime>(
+        &self,
+        runtime: &R,
+        path: &str,
+        peer: SocketAddr,
+        error: &dyn fmt::Display,
+        secret: bool,
+    ) {
+        let counts = &self.counters.inner;
+        let counter = if secret {
+            &counts.refused_secret
+        } else {
+            &counts.bad_requests
         };
         counter.fetch_add(1, Ordering::Relaxed);
         self.log_refusal(runtime, peer, Refusal::Request { path, error });
-        (error.status(), error.body())
     }
 
     /// The replication endpoints, made when the first is added.
