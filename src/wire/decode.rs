@@ -81,6 +81,7 @@ impl Decoder {
     /// [`Decoder::decode`], and for an `RDATA` line that does not decode,
     /// what can still be read of it (see [`LostRdata`]), found on the error
     /// path only.
+    #[inline(always)]
     pub(crate) fn decode_salvaging(&self, line: Bytes) -> Result<Option<Command>, Salvaged> {
         if line.len() > self.max_line_len {
             let error = DecodeError::LineTooLong {

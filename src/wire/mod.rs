@@ -29,6 +29,7 @@ mod encode;
 mod error;
 pub mod json;
 mod names;
+pub(crate) mod prefix;
 mod row;
 mod token;
 

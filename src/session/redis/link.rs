@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 
 use crate::resp::{self, Frame};
-use crate::wire::CommandKind;
+use crate::wire::{CommandKind, prefix};
 
 use super::{RedisError, RedisSession, RedisSessionConfig};
 
@@ -191,8 +191,7 @@ pub(super) fn own_echo(line: &[u8], own: &[u8]) -> Option<CommandKind> {
     };
     let stream_end = first_space(rest)?;
     let rest = rest.get(stream_end + 1..)?;
-    let instance = rest.get(..own.len())?;
-    (instance == own && rest.get(own.len()) == Some(&b' ')).then_some(kind)
+    (prefix::starts_with(rest, own) && rest.get(own.len()) == Some(&b' ')).then_some(kind)
 }
 
 /// The offset of the first space in `bytes`, eight bytes at a time: this

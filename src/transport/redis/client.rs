@@ -591,6 +591,7 @@ impl<R: Runtime> RedisClient<R> {
 
     /// The next event for the application. `Closing` is not one: the
     /// link's `Disconnected` reports its error.
+    #[inline(always)]
     fn next_queued(&mut self) -> Option<RedisEvent> {
         loop {
             let event = self.session.poll_event()?;
