@@ -1193,6 +1193,43 @@ fn messages_split_at_every_offset_decode_the_same() {
     assert_eq!(feed(&bytes_one_at_a_time), whole, "one byte at a time");
 }
 
+/// Messages around one larger than a read, so that a frame cut short is
+/// carried over many reads, past what the session scans again from its
+/// start on each (16 KiB).
+#[test]
+fn a_message_longer_than_its_reads_decodes_the_same() {
+    let users: Vec<String> = (0..2000)
+        .map(|i| format!("\"@user{i}:example.com\""))
+        .collect();
+    let big_row = format!(r#"["!room:example.com",[{}]]"#, users.join(","));
+    assert!(big_row.len() > 40 << 10);
+    let bytes = concat(&[
+        &message("POSITION typing master 5 5"),
+        &message(&format!("RDATA typing master 6 {TYPING_ROW}")),
+        &message(&format!("RDATA typing master 7 {big_row}")),
+        &message(&format!("RDATA typing master 8 {TYPING_ROW}")),
+        &sub_pong(),
+        &message(&format!("RDATA typing master 9 {big_row}")),
+    ]);
+    let whole = feed(&[&bytes]);
+    assert_eq!(
+        whole.0,
+        [
+            "started typing master 5",
+            "rows typing master 6 (1 rows, Live)",
+            "rows typing master 7 (1 rows, Live)",
+            "rows typing master 8 (1 rows, Live)",
+            "rows typing master 9 (1 rows, Live)",
+        ][..],
+        "{:#?}",
+        whole.0
+    );
+    for size in [1000, 4096, 17 << 10, 40 << 10] {
+        let chunks: Vec<&[u8]> = bytes.chunks(size).collect();
+        assert_eq!(feed(&chunks), whole, "reads of {size} bytes");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 

@@ -77,6 +77,38 @@ impl RespDecoder {
         buf: &mut BytesMut,
         channels: &Channels,
     ) -> Option<(usize, Bytes)> {
+        let (index, payload, end) = self.message_on(buf, channels)?;
+        self.reset();
+        bytes::Buf::advance(buf, payload.start);
+        let payload_bytes = buf.split_to(payload.end - payload.start).freeze();
+        bytes::Buf::advance(buf, end - payload.end);
+        Some((index, payload_bytes))
+    }
+
+    /// [`RespDecoder::decode_message_on`] over a buffer that stays whole:
+    /// the message starting at `at` in `buf`, as its channel's index, its
+    /// payload (a slice of `buf`) and the offset after it. A run of
+    /// messages costs one reference count each and no buffer bookkeeping;
+    /// `None` (for anything but such a message, or while a frame is under
+    /// way) leaves the rest to the buffered paths.
+    #[inline(always)]
+    pub(crate) fn decode_message_at(
+        &mut self,
+        buf: &Bytes,
+        at: usize,
+        channels: &Channels,
+    ) -> Option<(usize, Bytes, usize)> {
+        let (index, payload, end) = self.message_on(buf.get(at..)?, channels)?;
+        let end = at.checked_add(end).filter(|&end| end <= buf.len())?;
+        self.reset();
+        Some((index, buf.slice(at + payload.start..at + payload.end), end))
+    }
+
+    /// The checks of the message fast paths: a complete `message` at the
+    /// front of `buf` on one of `channels`, within the limits, with the
+    /// decoder idle: its channel's index, its payload and its end.
+    #[inline(always)]
+    fn message_on(&self, buf: &[u8], channels: &Channels) -> Option<(usize, Span, usize)> {
         if !self.is_idle() {
             return None;
         }
@@ -100,11 +132,7 @@ impl RespDecoder {
         if end > limits.max_frame_len || payload.start > payload.end || end < payload.end {
             return None;
         }
-        self.reset();
-        bytes::Buf::advance(buf, payload.start);
-        let payload_bytes = buf.split_to(payload.end - payload.start).freeze();
-        bytes::Buf::advance(buf, end - payload.end);
-        Some((index, payload_bytes))
+        Some((index, payload, end))
     }
 
     /// A complete, well-formed `message` or `pmessage` within the limits

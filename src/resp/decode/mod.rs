@@ -140,7 +140,7 @@ const TOKENS_KEPT: usize = 4096;
 
 impl RespDecoder {
     /// Whether no frame is under way (nothing scanned, nothing pending).
-    fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.pos == 0 && self.tokens.is_empty()
     }
 
