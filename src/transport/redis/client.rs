@@ -595,10 +595,18 @@ impl<R: Runtime> RedisClient<R> {
     fn next_queued(&mut self) -> Option<RedisEvent> {
         loop {
             let event = self.session.poll_event()?;
-            self.observe(&event);
-            if let RedisEvent::Follower(event) = &event {
-                self.waits.handing(event);
+            if let RedisEvent::Follower(follower) = &event {
+                self.waits.handing(follower);
+                // Rows and positions, nearly every event, need nothing
+                // more here: no call for them.
+                if matches!(
+                    follower,
+                    FollowerEvent::Rows { .. } | FollowerEvent::Position { .. }
+                ) {
+                    return Some(event);
+                }
             }
+            self.observe(&event);
             if !matches!(event, RedisEvent::Closing { .. }) {
                 return Some(event);
             }
