@@ -379,6 +379,91 @@ where
     })
 }
 
+/// The strings of `USER_IP`'s JSON data (access token, IP, user agent and
+/// device, as they stand in the text: not yet checked as UTF-8), and
+/// `last_seen`.
+type UserIpFields<'a> = ([&'a [u8]; 3], Option<&'a [u8]>, i64);
+
+/// `USER_IP`'s JSON data as Synapse writes it, compact and without
+/// escapes: `["<token>","<ip>","<agent>",null|"<device>",<last_seen>]`,
+/// read without serde_json. `None` for anything else (whitespace, an
+/// escape, another number), which serde_json then reads, or refuses: so
+/// what this accepts (its strings being UTF-8) reads exactly as
+/// serde_json reads it.
+fn user_ip_fields(data: &[u8]) -> Option<UserIpFields<'_>> {
+    /// A string without escapes or control characters at `at` (on its
+    /// opening quote), and the offset after its closing quote.
+    fn string(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
+        let body = data.get(at..)?.strip_prefix(b"\"")?;
+        // Eight bytes at a time to the first quote, backslash, control
+        // or non-ASCII byte (past the end, words read as zeros: control
+        // characters).
+        let mut len = 0;
+        loop {
+            let special = json::ascii_string_specials(word_at(body, len));
+            if special != 0 {
+                len += special.trailing_zeros() as usize / 8;
+                break;
+            }
+            len += 8;
+        }
+        if body.get(len) != Some(&b'"') {
+            // Non-ASCII text, or the end: byte by byte.
+            len += body
+                .get(len..)?
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+            if body.get(len) != Some(&b'"') {
+                return None;
+            }
+        }
+        Some((body.get(..len)?, at + len + 2))
+    }
+    let expect = |at: usize, byte: u8| (data.get(at) == Some(&byte)).then_some(at + 1);
+    let at = expect(0, b'[')?;
+    let (token, at) = string(data, at)?;
+    let (ip, at) = string(data, expect(at, b',')?)?;
+    let (agent, at) = string(data, expect(at, b',')?)?;
+    let at = expect(at, b',')?;
+    let (device, at) = match data.get(at..)?.strip_prefix(b"null") {
+        Some(_) => (None, at + 4),
+        None => {
+            let (device, at) = string(data, at)?;
+            (Some(device), at)
+        }
+    };
+    let at = expect(at, b',')?;
+    let digits = data.get(at..data.len().checked_sub(1)?)?;
+    // JSON has no leading zeros (`0` and `-0` are left to serde_json too).
+    let unsigned = digits.strip_prefix(b"-").unwrap_or(digits);
+    if data.last() != Some(&b']') || digits.len() > 18 || unsigned.first() == Some(&b'0') {
+        return None;
+    }
+    Some(([token, ip, agent], device, parse_i64(digits)?))
+}
+
+/// `USER_IP` from its fields read by [`user_ip_fields`], every string a
+/// slice of `line`; `None` if one is not UTF-8 (or the user id is
+/// empty), for the general path to refuse.
+fn user_ip_fast(line: &Bytes, user: &[u8], data: &[u8]) -> Option<UserIp> {
+    let ([token, ip, agent], device, last_seen) = user_ip_fields(data)?;
+    let text = |bytes: &[u8]| ByteString::try_from(line.slice_ref(bytes)).ok();
+    if user.is_empty() {
+        return None;
+    }
+    Some(UserIp {
+        user_id: text(user)?,
+        access_token: text(token)?,
+        ip: text(ip)?,
+        user_agent: text(agent)?,
+        device_id: match device {
+            Some(device) => Some(text(device)?),
+            None => None,
+        },
+        last_seen,
+    })
+}
+
 /// A string of a JSON field of `line`: a slice of the line if it was
 /// borrowed from it (no copy), else its unescaped copy.
 fn line_text(line: &Bytes, text: Text<'_>) -> ByteString {
@@ -510,6 +595,9 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
         }
         CommandKind::UserIp => {
             let [user, data] = split(kind, ["user id", "JSON data"], rest)?;
+            if let Some(user_ip) = user_ip_fast(line, user, data) {
+                return Ok(Command::UserIp(Box::new(user_ip)));
+            }
             type Fields<T> = (T, T, T, Option<T>, i64);
             let (access_token, ip, user_agent, device_id, last_seen) =
                 json_texts(kind, "JSON data", data, |fields: Fields<String>| {
@@ -843,5 +931,119 @@ mod json_field_tests {
             ("new_event_lock", "!room:x")
         );
         assert!(shares(&line, &lock.lock_name) && shares(&line, &lock.lock_key));
+    }
+}
+
+#[cfg(test)]
+mod user_ip_tests {
+    use proptest::prelude::*;
+
+    use super::user_ip_fields;
+
+    type Fields = (String, String, String, Option<String>, i64);
+
+    /// JSON text that is `USER_IP` data or close to it: strings with
+    /// quotes, escapes, control and non-ASCII characters, numbers with
+    /// signs, leading zeros, fractions and exponents, extra fields and
+    /// trailing bytes.
+    fn near_user_ip() -> impl Strategy<Value = Vec<u8>> {
+        // Weighted so that about one case in ten takes the fast path.
+        let string = prop_oneof![
+            8 => "[a-z0-9_.:@ é-]{0,12}".prop_map(|s| format!("\"{s}\"")),
+            1 => "[a-z\"\\\\\u{1}é\u{10000}]{0,6}".prop_map(|s| format!("\"{s}\"")),
+            1 => Just("\"a\\u00e9\"".to_owned()),
+            1 => Just("\"unterminated".to_owned()),
+        ];
+        let device = prop_oneof![
+            3 => string.clone(),
+            3 => Just("null".to_owned()),
+            1 => Just("nul".to_owned()),
+        ];
+        let number = prop_oneof![
+            6 => (-(1i64 << 50)..1 << 50).prop_map(|n| n.to_string()),
+            1 => any::<i64>().prop_map(|n| n.to_string()),
+            2 => (0u64..1000).prop_map(|n| n.to_string()),
+            1 => Just("-0".to_owned()),
+            1 => Just("007".to_owned()),
+            1 => Just("-01".to_owned()),
+            1 => Just("1.5".to_owned()),
+            1 => Just("1e3".to_owned()),
+            1 => Just("99999999999999999999".to_owned()),
+            1 => Just("-".to_owned()),
+        ];
+        let tail = prop_oneof![
+            6 => Just(String::new()),
+            1 => Just(" ".to_owned()),
+            1 => Just(",1".to_owned()),
+            1 => Just("]".to_owned()),
+        ];
+        (string.clone(), string.clone(), string, device, number, tail).prop_map(
+            |(token, ip, agent, device, number, tail)| {
+                format!("[{token},{ip},{agent},{device},{number}]{tail}").into_bytes()
+            },
+        )
+    }
+
+    #[test]
+    fn synapse_s_data_takes_the_fast_path() {
+        let data = br#"["syt_abc","10.0.0.1","Mozilla/5.0 (X11)","DEVICE",1700000000000]"#;
+        assert_eq!(
+            user_ip_fields(data),
+            Some((
+                [&b"syt_abc"[..], b"10.0.0.1", b"Mozilla/5.0 (X11)"],
+                Some(&b"DEVICE"[..]),
+                1_700_000_000_000
+            ))
+        );
+        let data = br#"["t","::1","",null,-5]"#;
+        assert_eq!(
+            user_ip_fields(data),
+            Some(([&b"t"[..], b"::1", b""], None, -5))
+        );
+    }
+
+    /// The property below tests something: its inputs take the fast path
+    /// often, and fall back often.
+    #[test]
+    fn the_inputs_take_both_paths() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let fast = (0..1000)
+            .filter(|_| {
+                let data = near_user_ip()
+                    .new_tree(&mut runner)
+                    .map(|tree| tree.current())
+                    .unwrap_or_default();
+                user_ip_fields(&data).is_some()
+            })
+            .count();
+        assert!(
+            (50..950).contains(&fast),
+            "{fast} of 1000 took the fast path"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// What the fast path reads, serde_json reads the same.
+        #[test]
+        fn the_fast_path_reads_as_serde_json(data in near_user_ip()) {
+            let text = |bytes: &[u8]| std::str::from_utf8(bytes).ok().map(str::to_owned);
+            if let Some(([token, ip, agent], device, last_seen)) = user_ip_fields(&data) {
+                // Taken only if its strings are UTF-8 (`user_ip_fast`).
+                let device = match device.map(text) {
+                    Some(None) => return Ok(()),
+                    device => device.flatten(),
+                };
+                let (Some(token), Some(ip), Some(agent)) = (text(token), text(ip), text(agent))
+                else {
+                    return Ok(());
+                };
+                let fields: Fields = serde_json::from_slice(&data)
+                    .map_err(|e| TestCaseError::fail(format!("serde_json refused it: {e}")))?;
+                prop_assert_eq!(fields, (token, ip, agent, device, last_seen));
+            }
+        }
     }
 }

@@ -24,6 +24,8 @@ use serde_json::ser::{CharEscape, Formatter};
 
 mod validate;
 
+pub(crate) use validate::ascii_string_specials;
+
 /// A JSON value that could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -83,7 +83,7 @@ const fn string_specials(word: u64) -> u64 {
 /// [`string_specials`], non-ASCII bytes included: the fast path, for the
 /// ASCII text that Synapse writes. (Without the non-ASCII bytes, no byte
 /// can borrow but those it flags.)
-const fn ascii_string_specials(word: u64) -> u64 {
+pub(crate) const fn ascii_string_specials(word: u64) -> u64 {
     ((word ^ (ONES * 0x02)).wrapping_sub(ONES * 0x21)
         | (word ^ (ONES * b'\\' as u64)).wrapping_sub(ONES)
         | word)
