@@ -722,6 +722,7 @@ impl Follower {
     }
 
     /// Finds the pair, or admits it if the registry agrees.
+    #[inline(always)]
     fn pair(
         &mut self,
         stream: &StreamName,
@@ -738,6 +739,18 @@ impl Follower {
                 return Ok((slot, wi));
             }
         }
+        self.admit(stream, instance)
+    }
+
+    /// [`Follower::pair`] for a pair not tracked yet: admitted if the
+    /// registry agrees (and there is room).
+    #[cold]
+    #[inline(never)]
+    fn admit(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+    ) -> Result<(Slot, usize), RejectReason> {
         if !self.registry.may_write(stream, instance) {
             return Err(RejectReason::NotAWriter);
         }
@@ -774,6 +787,7 @@ impl Follower {
         Ok((slot, wi))
     }
 
+    #[inline(always)]
     fn pair_or_reject(
         &mut self,
         stream: &StreamName,

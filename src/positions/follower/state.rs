@@ -525,7 +525,7 @@ impl StreamState {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(instance).copied(),
