@@ -521,8 +521,6 @@ impl RedisSession {
         }
     }
 
-    /// A message on the subscribed channel `channel` (an index in
-    /// `self.channels`).
     /// The subscriber's run of messages at the front of its buffer, read
     /// from one frozen view of the buffer: each payload a slice of it (one
     /// reference count), with no bookkeeping of the buffer per message.
@@ -570,6 +568,8 @@ impl RedisSession {
         }
     }
 
+    /// A message on the subscribed channel `channel` (an index in
+    /// `self.channels`).
     fn handle_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
         // This process's own RDATA and POSITION come back from Redis; the
         // follower ignores them: do not decode (and validate) them. One
