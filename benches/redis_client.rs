@@ -5,6 +5,11 @@
 //!
 //! `cargo bench --bench redis_client`
 //!
+//! `REDIS_CLIENT_RUNS` (5) sets the runs per runtime and
+//! `REDIS_CLIENT_RUNTIMES` (`smol,tokio`) which runtimes run: one smol run
+//! (`REDIS_CLIENT_RUNS=1 REDIS_CLIENT_RUNTIMES=smol`) is what to count
+//! instructions of under callgrind, a tenth of the whole.
+//!
 //! The input is the mix of `benches/redis_session.rs` (500,000 messages of
 //! `benches/tools/flood.rs`'s mix, 184 bytes of RESP each), then a sentinel
 //! `PING`. Each run is a fresh client and connection; the figure is the
@@ -43,6 +48,12 @@ const SENTINEL: &str = "PING redis-client-bench";
 const RUNS: usize = 5;
 
 fn main() {
+    let runs: usize = std::env::var("REDIS_CLIENT_RUNS")
+        .ok()
+        .and_then(|runs| runs.parse().ok())
+        .filter(|&runs| runs > 0)
+        .unwrap_or(RUNS);
+    let runtimes = std::env::var("REDIS_CLIENT_RUNTIMES").unwrap_or_else(|_| "smol,tokio".into());
     let wire = Arc::new(messages());
     let port = serve(wire.clone());
     let messages = MESSAGES + 10;
@@ -50,14 +61,18 @@ fn main() {
         "input: {messages} messages, {} bytes of RESP, from a loopback server thread",
         wire.len()
     );
-    for runtime in ["smol", "tokio"] {
-        let mut runs: Vec<(Duration, Duration)> = (0..RUNS).map(|_| run(runtime, port)).collect();
+    for runtime in runtimes
+        .split(',')
+        .filter(|r| ["smol", "tokio"].contains(r))
+    {
+        let count = runs;
+        let mut runs: Vec<(Duration, Duration)> = (0..count).map(|_| run(runtime, port)).collect();
         runs.sort();
         let (best, _) = runs[0];
-        let (median, wall) = runs[RUNS / 2];
+        let (median, wall) = runs[count / 2];
         let per_message = |cpu: Duration| cpu.as_nanos() as f64 / messages as f64;
         println!(
-            "{runtime:<6} {:>6.1} CPU ns/message (best of {RUNS}), median {:>6.1}; {:>5.2} M messages/s",
+            "{runtime:<6} {:>6.1} CPU ns/message (best of {count}), median {:>6.1}; {:>5.2} M messages/s",
             per_message(best),
             per_message(median),
             messages as f64 / wall.as_secs_f64() / 1e6
