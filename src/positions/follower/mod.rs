@@ -426,6 +426,12 @@ impl Follower {
         self.ctx.events.pop_front()
     }
 
+    /// The event [`Follower::poll_event`] would return next.
+    #[inline(always)]
+    pub(crate) fn peek_event(&self) -> Option<&FollowerEvent> {
+        self.ctx.events.front()
+    }
+
     /// How many events wait for [`Follower::poll_event`].
     pub(crate) fn queued_events(&self) -> usize {
         self.ctx.events.len()

@@ -923,6 +923,28 @@ impl RedisSession {
         self.follower.catch_up_failed(id)
     }
 
+    /// The next event if it is the follower's rows or position, which is
+    /// nearly every event: the client's hand-over takes it straight from
+    /// the follower's queue, wrapped once, with no other check.
+    #[inline(always)]
+    pub(crate) fn poll_rows_event(&mut self) -> Option<RedisEvent> {
+        if self
+            .events
+            .front()
+            .is_some_and(|(before, _)| *before <= self.follower_taken)
+        {
+            return None;
+        }
+        if !matches!(
+            self.follower.peek_event(),
+            Some(FollowerEvent::Rows { .. } | FollowerEvent::Position { .. })
+        ) {
+            return None;
+        }
+        self.follower_taken += 1;
+        self.follower.poll_event().map(RedisEvent::Follower)
+    }
+
     /// The next event, or `None`. Drain after every input.
     #[must_use]
     #[inline(always)]

@@ -241,6 +241,13 @@ impl Waits {
         }
     }
 
+    /// Whether a wait is registered: only then does a hand-over need
+    /// [`Waits::handing`].
+    #[inline(always)]
+    pub(crate) fn is_active(&self) -> bool {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
     /// The client hands `event` to the application.
     #[inline]
     pub(crate) fn handing(&mut self, event: &FollowerEvent) {

@@ -546,6 +546,13 @@ impl<R: Runtime> RedisClient<R> {
         let session = &self.session;
         self.waits
             .resume(session.follower(), || session.queued_follower_events());
+        // Rows and positions, nearly every event, straight from the
+        // follower's queue while no one waits for a position.
+        if !self.waits.is_active() {
+            if let Some(event) = self.session.poll_rows_event() {
+                return Poll::Ready(Some(event));
+            }
+        }
         for _ in 0..BUDGET {
             if let Some(event) = self.next_queued() {
                 return Poll::Ready(Some(event));
