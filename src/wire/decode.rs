@@ -93,7 +93,7 @@ impl Decoder {
         // Most lines are rows, and most others positions: go straight to
         // them.
         if line.starts_with(RDATA) {
-            return decode_rdata(line).map(Some);
+            return decode_rdata(line).map(|rdata| Some(Command::Rdata(rdata)));
         }
         if line.starts_with(POSITION) {
             return decode_position(&line)
@@ -108,6 +108,30 @@ impl Decoder {
             .map(Some)
             .map_err(|error| salvage(error, &line))
     }
+}
+
+impl Decoder {
+    /// [`Decoder::decode_salvaging`] for a line that starts with `RDATA `:
+    /// the row itself, not wrapped in a [`Command`] (the receive path hands
+    /// it straight to the follower).
+    #[inline(always)]
+    pub(crate) fn decode_rdata_salvaging(&self, line: Bytes) -> Result<Rdata, Salvaged> {
+        if line.len() > self.max_line_len {
+            let error = DecodeError::LineTooLong {
+                len: line.len(),
+                max: self.max_line_len,
+            };
+            return Err(salvage(error, &line));
+        }
+        decode_rdata(line)
+    }
+}
+
+/// Whether `line` is an `RDATA` line (for
+/// [`Decoder::decode_rdata_salvaging`]).
+#[inline(always)]
+pub(crate) fn is_rdata(line: &[u8]) -> bool {
+    line.starts_with(RDATA)
 }
 
 /// A line that did not decode, and what could be read of it if it was an
@@ -637,7 +661,9 @@ fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
 /// [`decode_rdata`] for `RDATA` lines without the space after the name.
 #[inline(never)]
 fn decode_rdata_cold(line: Bytes) -> Result<Command, DecodeError> {
-    decode_rdata(line).map_err(|failed| failed.0)
+    decode_rdata(line)
+        .map(Command::Rdata)
+        .map_err(|failed| failed.0)
 }
 
 /// How every complete `RDATA` line starts.
@@ -800,17 +826,17 @@ const fn eight_digits(word: u64) -> Option<u64> {
 /// Decodes an `RDATA` line. The row keeps the line's reference (the row
 /// ends the line), so no reference count is touched.
 #[inline(always)]
-fn decode_rdata(line: Bytes) -> Result<Command, Salvaged> {
+fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields(&line) {
         Ok((stream, instance, token, row_start)) => {
             let mut row = line;
             row.advance(row_start);
-            Ok(Command::Rdata(Rdata {
+            Ok(Rdata {
                 stream,
                 instance,
                 token,
                 row: RawRow::from_validated(row),
-            }))
+            })
         }
         Err(error) => Err(salvage(error, &line)),
     }

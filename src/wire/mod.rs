@@ -36,6 +36,7 @@ mod token;
 pub use command::{
     Command, CommandKind, FederationAck, LockReleased, Position, Rdata, Side, UserIp, UserSync,
 };
+pub(crate) use decode::is_rdata;
 pub use decode::{Decoder, LostRdata, is_blank};
 pub(crate) use error::snippet;
 pub use error::{DecodeError, EncodeError};

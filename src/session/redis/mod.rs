@@ -26,7 +26,10 @@ use crate::positions::{
     CatchUpError, CatchUpId, CatchUpPage, Follower, FollowerEvent, RejectReason, WriteError, Writer,
 };
 use crate::resp::{self, Credentials, Frame, Hello, Incoming, Protocol, SubscriptionKind};
-use crate::wire::{Command, CommandKind, Decoder, InstanceName, RawRow, StreamName, Token};
+use crate::wire::{
+    self, Command, CommandKind, DecodeError, Decoder, InstanceName, LostRdata, RawRow, StreamName,
+    Token,
+};
 
 use super::SendError;
 use link::{EchoTally, Expect, Link, RateLimited, is_ok, own_echo, unexpected, usable};
@@ -585,34 +588,24 @@ impl RedisSession {
                 return;
             }
         }
+        // Most messages are rows: decoded as rows, not commands, and
+        // handed to the follower as they are.
+        if wire::is_rdata(&payload) && !self.options.report_received {
+            match self.decoder.decode_rdata_salvaging(payload) {
+                Ok(rdata) => {
+                    self.counters.received.add(CommandKind::Rdata);
+                    self.follower.handle_rdata(rdata);
+                }
+                Err(failed) => self.malformed(channel, *failed, now),
+            }
+            return;
+        }
         let channel_bytes =
             |channels: &resp::Channels| channels.names().get(channel).cloned().unwrap_or_default();
         let command = match self.decoder.decode_salvaging(payload) {
             Ok(Some(command)) => command,
             Ok(None) => return,
-            Err(failed) => {
-                let (error, lost) = *failed;
-                self.counters.malformed += 1;
-                let channel = channel_bytes(&self.channels);
-                match self.malformed_warning.allow(now) {
-                    Some(suppressed) => tracing::warn!(
-                        instance = %self.follower.own_name(),
-                        channel = %String::from_utf8_lossy(&channel),
-                        %error,
-                        suppressed,
-                        "ignored a message that is not a command \
-                         (`suppressed`: how many more since the last warning)"
-                    ),
-                    None => self.counters.suppressed_warnings += 1,
-                }
-                self.push_event(RedisEvent::Malformed { channel, error });
-                // A row that could not be read is a gap, never a row to
-                // step over.
-                if let Some(lost) = lost {
-                    self.follower.handle_lost_rdata(&lost);
-                }
-                return;
-            }
+            Err(failed) => return self.malformed(channel, *failed, now),
         };
         self.counters.received.add(command.kind());
         if self.options.report_received {
@@ -633,6 +626,42 @@ impl RedisSession {
                 self.writer.handle_replicate(now);
             }
             command => self.push_event(RedisEvent::Command(command)),
+        }
+    }
+
+    /// A message on `channel` that is not a command: counted, warned
+    /// about (rate limited) and reported; a row that could not be read is
+    /// a gap, never a row to step over.
+    #[cold]
+    #[inline(never)]
+    fn malformed(
+        &mut self,
+        channel: usize,
+        failed: (DecodeError, Option<LostRdata>),
+        now: Instant,
+    ) {
+        let (error, lost) = failed;
+        self.counters.malformed += 1;
+        let channel = self
+            .channels
+            .names()
+            .get(channel)
+            .cloned()
+            .unwrap_or_default();
+        match self.malformed_warning.allow(now) {
+            Some(suppressed) => tracing::warn!(
+                instance = %self.follower.own_name(),
+                channel = %String::from_utf8_lossy(&channel),
+                %error,
+                suppressed,
+                "ignored a message that is not a command \
+                 (`suppressed`: how many more since the last warning)"
+            ),
+            None => self.counters.suppressed_warnings += 1,
+        }
+        self.push_event(RedisEvent::Malformed { channel, error });
+        if let Some(lost) = lost {
+            self.follower.handle_lost_rdata(&lost);
         }
     }
 
