@@ -363,6 +363,7 @@ impl Follower {
     }
 
     /// Handles one received `RDATA`.
+    #[inline]
     pub fn handle_rdata(&mut self, rdata: Rdata) {
         if !self.ctx.connected {
             self.ctx.counters.while_disconnected += 1;
