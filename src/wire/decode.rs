@@ -4,8 +4,6 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use bytestring::ByteString;
-use nom::bytes::complete::{tag, take_till};
-use nom::{IResult, Parser};
 
 use super::command::{
     Command, CommandKind, FederationAck, LockReleased, Position, Rdata, UserIp, UserSync,
@@ -229,10 +227,6 @@ pub fn is_blank(line: &[u8]) -> bool {
         .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\x0b' | b'\x0c'))
 }
 
-fn field(input: &[u8]) -> IResult<&[u8], &[u8]> {
-    take_till(|b| b == b' ')(input)
-}
-
 /// Splits off the first `N` space-separated fields, like Python's
 /// `rest.split(" ", N - 1)` when it must give exactly `N` parts; the last
 /// part keeps any further spaces.
@@ -242,20 +236,37 @@ fn split<'a, const N: usize>(
     rest: &'a [u8],
 ) -> Result<[&'a [u8]; N], DecodeError> {
     let mut parts = [&rest[..0]; N];
-    let mut input = rest;
+    let mut start = 0;
     for index in 0..N - 1 {
-        let parsed: IResult<&[u8], (&[u8], &[u8])> = (field, tag(" ")).parse(input);
-        let Ok((remaining, (value, _))) = parsed else {
+        let Some(space) = next_space(rest, start) else {
             return Err(DecodeError::MissingField {
                 command,
                 field: names[index + 1],
             });
         };
-        parts[index] = value;
-        input = remaining;
+        parts[index] = rest.get(start..space).unwrap_or_default();
+        start = space + 1;
     }
-    parts[N - 1] = input;
+    parts[N - 1] = rest.get(start..).unwrap_or_default();
     Ok(parts)
+}
+
+/// The offset of the first space in `bytes` from `at`, eight bytes at a
+/// time.
+#[inline(always)]
+fn next_space(bytes: &[u8], mut at: usize) -> Option<usize> {
+    while at < bytes.len() {
+        // Bytes past the end read as zero, which is not a space.
+        let word = word_at(bytes, at) ^ (ONES * u64::from(b' '));
+        // The lowest high bit set marks the first zero byte, that is the
+        // first space (a borrow only runs upwards).
+        let spaces = word.wrapping_sub(ONES) & !word & HIGHS;
+        if spaces != 0 {
+            return Some(at + spaces.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    None
 }
 
 fn text(
