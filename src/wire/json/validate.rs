@@ -12,7 +12,12 @@
 //!
 //! It is written for compact JSON, which is all Synapse writes: each step
 //! first tries the byte compact JSON has there, and only then skips
-//! whitespace. Strings and digits are skipped eight bytes at a time.
+//! whitespace. Strings and digits are skipped eight bytes at a time. And
+//! for ASCII, which is all Synapse writes too (`\uXXXX` escapes), nested
+//! less than 64 levels deep: other text is recognised a second time, by a
+//! general variant.
+
+use std::num::NonZeroU64;
 
 /// Why bytes are not one JSON value. Positions are byte offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,25 +37,48 @@ pub(crate) fn validate(bytes: &[u8]) -> Result<(), Invalid> {
 /// (a row inside a wire line cannot hold one).
 #[inline(always)]
 pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
-    let non_ascii = if newline_ok {
-        Recogniser::<true> { bytes }.run()?
+    let fast = if newline_ok {
+        Recogniser::<true, true> { bytes }.run()
     } else {
-        Recogniser::<false> { bytes }.run()?
+        Recogniser::<false, true> { bytes }.run()
     };
-    // Outside strings only ASCII is valid JSON, and the recogniser saw
-    // every byte inside strings: unless one was not ASCII, the text is
-    // ASCII. Otherwise UTF-8 is checked once for the whole text, which
-    // covers every string in it.
-    if non_ascii {
-        if let Err(error) = std::str::from_utf8(bytes) {
-            return Err(Invalid {
-                at: error.valid_up_to(),
-                problem: "invalid UTF-8",
-            });
-        }
+    match fast {
+        // Outside strings only ASCII is valid JSON, and the recogniser saw
+        // every byte inside strings: the text is ASCII, valid UTF-8.
+        Ok(()) => Ok(()),
+        Err(stop) if stop == RETRY => validate_general(bytes, newline_ok),
+        Err(invalid) => Err(invalid),
+    }
+}
+
+/// [`validate_with`] for a text the fast recogniser stopped at (a non-ASCII
+/// byte in a string, or nesting deeper than 63 levels): recognised again
+/// from the start by the general one; then, since strings may hold
+/// non-ASCII bytes, UTF-8 is checked once for the whole text, which covers
+/// every string in it.
+#[cold]
+#[inline(never)]
+fn validate_general(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
+    if newline_ok {
+        Recogniser::<true, false> { bytes }.run()?;
+    } else {
+        Recogniser::<false, false> { bytes }.run()?;
+    }
+    if let Err(error) = std::str::from_utf8(bytes) {
+        return Err(Invalid {
+            at: error.valid_up_to(),
+            problem: "invalid UTF-8",
+        });
     }
     Ok(())
 }
+
+/// Not an error: what the fast recogniser returns for a text it leaves to
+/// the general one. (No text has a byte at offset `usize::MAX`.)
+const RETRY: Invalid = Invalid {
+    at: usize::MAX,
+    problem: "not for the fast recogniser",
+};
 
 /// Python refuses to read integers of more digits (`sys.int_info`), so
 /// Synapse refuses rows holding one; so does this recogniser, the one place
@@ -59,6 +87,8 @@ const PYTHON_INT_MAX_DIGITS: usize = 4300;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
+/// The high bit of a word's last byte (little-endian).
+const LAST_BYTE: NonZeroU64 = NonZeroU64::new(1 << 63).unwrap();
 
 /// A mask whose lowest set bit is the high bit of the first byte of `word`
 /// (little-endian) below `n` (n <= 128); zero if there is none. Bits above
@@ -81,19 +111,22 @@ const fn string_specials(word: u64) -> u64 {
 }
 
 /// [`string_specials`], non-ASCII bytes included: the fast path, for the
-/// ASCII text that Synapse writes. (Without the non-ASCII bytes, no byte
-/// can borrow but those it flags.)
+/// ASCII text that Synapse writes. No byte but a flagged one can borrow,
+/// and the two subtractions flag every non-ASCII byte between them (the
+/// backslash test leaves one, 0xdc, at 0x7f; the quote test flags it): two
+/// operations fewer than testing for them apart.
 pub(crate) const fn ascii_string_specials(word: u64) -> u64 {
     ((word ^ (ONES * 0x02)).wrapping_sub(ONES * 0x21)
-        | (word ^ (ONES * b'\\' as u64)).wrapping_sub(ONES)
-        | word)
+        | (word ^ (ONES * b'\\' as u64)).wrapping_sub(ONES))
         & HIGHS
 }
 
-/// As [`bytes_below`], for bytes that are not ASCII digits: below `0`, or
-/// with the high bit set once 0x46 is added (above `9`) or before.
+/// As [`bytes_below`], for bytes that are not ASCII digits: below `0`
+/// (the subtraction borrows), or above `9` (0x46 added sets the high bit,
+/// for 0x3a to 0xb9; the bytes above, the subtraction flags). Digits
+/// neither borrow nor carry, so the lowest flag is exact.
 const fn non_digits(word: u64) -> u64 {
-    bytes_below(word, b'0') | ((word.wrapping_add(ONES * 0x46) | word) & HIGHS)
+    (word.wrapping_sub(ONES * b'0' as u64) | word.wrapping_add(ONES * 0x46)) & HIGHS
 }
 
 #[cold]
@@ -102,7 +135,23 @@ fn fail<T>(at: usize, problem: &'static str) -> Result<T, Invalid> {
     Err(Invalid { at, problem })
 }
 
-/// [`Recogniser::tail_word`] for a text of fewer than eight bytes: `rest`
+/// The eight bytes of `bytes` from `at` as a little-endian word, `at` being
+/// less than eight bytes from the end; bytes past the end read as zero.
+#[inline(always)]
+fn tail_word(bytes: &[u8], at: usize) -> u64 {
+    // Callers are within eight bytes of the end; `& 7` keeps the shifts
+    // below in range whatever they pass.
+    debug_assert!(at <= bytes.len() && bytes.len() - at < 8);
+    let rest = bytes.len().wrapping_sub(at) & 7;
+    match bytes.last_chunk::<8>() {
+        // Load the text's last eight bytes and shift out those before
+        // `at`: at least one, so two shifts, neither of 64 bits.
+        Some(last) => (u64::from_le_bytes(*last) >> 8) >> (8 * (7 - rest as u32)),
+        None => short_word(bytes.get(at..).unwrap_or_default()),
+    }
+}
+
+/// [`tail_word`] for a text of fewer than eight bytes: `rest`
 /// as a little-endian word, zero-padded.
 #[cold]
 #[inline(never)]
@@ -115,26 +164,41 @@ fn short_word(rest: &[u8]) -> u64 {
 }
 
 /// The recogniser: the cursor is an offset into `bytes`, kept in a local.
-struct Recogniser<'a, const NEWLINE_OK: bool> {
+///
+/// The `FAST` one is for what Synapse writes, ASCII (`\uXXXX` escapes) and
+/// shallow: it stops with [`RETRY`] at a non-ASCII byte in a string, or at
+/// a 64th level of nesting. So its string loop tests one operation less,
+/// it needs no flag for whether UTF-8 must be checked, and its nesting is
+/// one word, with no spill vector to keep; which leaves the registers its
+/// loops need. The general one takes non-ASCII bytes in strings as plain,
+/// and spills nesting to the heap.
+struct Recogniser<'a, const NEWLINE_OK: bool, const FAST: bool> {
     bytes: &'a [u8],
 }
 
 /// The open containers: one bit each (set for an object, clear for an
 /// array) above a sentinel bit, innermost lowest; every 63 levels spill to
-/// the heap. A plain word, so that it lives in a register.
+/// the heap (the fast recogniser stops instead). A plain word, so that it
+/// lives in a register.
 #[derive(Clone, Copy)]
 struct Nesting(u64);
 
 impl Nesting {
     const EMPTY: Nesting = Nesting(1);
 
+    /// Pushes a container; false if the fast recogniser would need more
+    /// than one word.
     #[inline(always)]
-    fn push(&mut self, object: bool, spill: &mut Vec<u64>) {
+    fn push<const FAST: bool>(&mut self, object: bool, spill: &mut Vec<u64>) -> bool {
         if self.0 >> 63 != 0 {
+            if FAST {
+                return false;
+            }
             spill.push(self.0);
             *self = Self::EMPTY;
         }
         self.0 = (self.0 << 1) | u64::from(object);
+        true
     }
 
     /// Pops the innermost container; true if it was the outermost.
@@ -161,7 +225,7 @@ impl Nesting {
     }
 }
 
-impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
+impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> {
     #[inline(always)]
     fn byte(&self, at: usize) -> Option<u8> {
         self.bytes.get(at).copied()
@@ -171,7 +235,21 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
         byte == b' ' || byte == b'\t' || byte == b'\r' || (NEWLINE_OK && byte == b'\n')
     }
 
-    fn skip_whitespace(&self, mut at: usize) -> usize {
+    /// Skips whitespace from `at`.
+    #[inline(always)]
+    fn skip_whitespace(&self, at: usize) -> usize {
+        // Compact JSON has none, and everything else JSON has outside
+        // strings is above b' ': one test.
+        match self.byte(at) {
+            Some(byte) if byte > b' ' => at,
+            _ => self.skip_any_whitespace(at),
+        }
+    }
+
+    /// [`Recogniser::skip_whitespace`], out of line: its test does not
+    /// hold a register in the loops.
+    #[inline(never)]
+    fn skip_any_whitespace(&self, mut at: usize) -> usize {
         while let Some(byte) = self.byte(at) {
             if !Self::is_whitespace(byte) {
                 break;
@@ -181,38 +259,15 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
         at
     }
 
-    /// The eight bytes from `at` as a little-endian word; bytes past the
-    /// end read as zero (a control character and not a digit, so scans stop
-    /// there).
-    #[inline(always)]
-    fn word(&self, at: usize) -> u64 {
-        if let Some(chunk) = self.bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
-            return u64::from_le_bytes(*chunk);
-        }
-        self.tail_word(at)
-    }
-
-    /// [`Recogniser::word`] less than eight bytes from the end.
-    #[inline(always)]
-    fn tail_word(&self, at: usize) -> u64 {
-        let rest = self.bytes.len().saturating_sub(at);
-        match self.bytes.last_chunk::<8>() {
-            // Load the text's last eight bytes and shift out those before
-            // `at`.
-            Some(last) => u64::from_le_bytes(*last)
-                .checked_shr(8 * (8 - rest as u32))
-                .unwrap_or(0),
-            None => short_word(self.bytes.get(at..).unwrap_or_default()),
-        }
-    }
-
-    /// Recognises the text; returns whether any string held a non-ASCII
-    /// byte.
-    fn run(&self) -> Result<bool, Invalid> {
-        let mut non_ascii = false;
-        let mut at = self.skip_whitespace(0);
-        if !matches!(self.byte(at), Some(b'[' | b'{')) {
-            return self.scalar(at);
+    /// Recognises the text.
+    fn run(&self) -> Result<(), Invalid> {
+        let mut at = 0;
+        // Rows are arrays (or objects) without whitespace around: one test.
+        if !matches!(self.bytes.first(), Some(b'[' | b'{')) {
+            at = self.skip_any_whitespace(0);
+            if !matches!(self.byte(at), Some(b'[' | b'{')) {
+                return self.scalar(at);
+            }
         }
         let mut nesting = Nesting::EMPTY;
         let mut spill = Vec::new();
@@ -223,37 +278,42 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
                 return fail(at, "expected a value");
             };
             if byte == b'"' {
-                at = self.string(at + 1, &mut non_ascii)?;
+                at = self.string(at + 1)?;
             } else if byte == b'n' {
                 at = self.literal(at, b"null")?;
-            } else if byte.is_ascii_digit() || byte == b'-' {
-                at = self.number(at)?;
             } else if byte == b'[' {
-                nesting.push(false, &mut spill);
-                at = self.skip_whitespace(at + 1);
-                if self.byte(at) != Some(b']') {
-                    continue 'value;
+                if !nesting.push::<FAST>(false, &mut spill) {
+                    return Err(RETRY);
                 }
-                // An empty array: the loop below closes it.
+                // Arrays are seldom empty: on to their first value, where
+                // a `]` is taken as closing an empty one (below).
+                at += 1;
+                continue 'value;
+            } else if byte == b'f' {
+                at = self.literal(at, b"false")?;
+            } else if matches!(byte, b'-' | b'0'..=b'9') {
+                at = self.number(at, byte)?;
             } else if byte == b'{' {
-                nesting.push(true, &mut spill);
+                if !nesting.push::<FAST>(true, &mut spill) {
+                    return Err(RETRY);
+                }
                 at = self.skip_whitespace(at + 1);
                 match self.byte(at) {
                     Some(b'"') => {
-                        at = self.key(at + 1, &mut non_ascii)?;
+                        at = self.key(at + 1)?;
                         continue 'value;
                     }
                     // An empty object: the loop below closes it.
                     Some(b'}') => {}
                     _ => return fail(at, "expected a string key or `}`"),
                 }
-            } else if byte == b'f' {
-                at = self.literal(at, b"false")?;
             } else if byte == b't' {
                 at = self.literal(at, b"true")?;
-            } else if Self::is_whitespace(byte) {
-                at = self.skip_whitespace(at + 1);
+            } else if byte <= b' ' && Self::is_whitespace(byte) {
+                at = self.skip_any_whitespace(at + 1);
                 continue 'value;
+            } else if byte == b']' && self.closes_empty_array(at) {
+                // The loop below closes it.
             } else {
                 return fail(at, "expected a value");
             }
@@ -269,18 +329,17 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
                         if self.byte(at) != Some(b'"') {
                             return fail(at, "expected a string key");
                         }
-                        at = self.key(at + 1, &mut non_ascii)?;
+                        at = self.key(at + 1)?;
                     }
                     continue 'value;
                 }
                 if byte == nesting.closer() {
                     at += 1;
                     if nesting.pop(&mut spill) {
-                        self.end(at)?;
-                        return Ok(non_ascii);
+                        return self.end(at);
                     }
-                } else if Self::is_whitespace(byte) {
-                    at = self.skip_whitespace(at + 1);
+                } else if byte <= b' ' && Self::is_whitespace(byte) {
+                    at = self.skip_any_whitespace(at + 1);
                 } else {
                     return fail(at, "expected `,` or the end of the container");
                 }
@@ -288,26 +347,41 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
         }
     }
 
+    /// Whether the `]` at `at`, where a value is expected, closes an empty
+    /// array: whether the last byte before it but whitespace is `[` (and
+    /// not `,` or `:`).
+    #[cold]
+    #[inline(never)]
+    fn closes_empty_array(&self, at: usize) -> bool {
+        let before = self.bytes.get(..at).unwrap_or_default();
+        before
+            .iter()
+            .rev()
+            .find(|&&byte| !Self::is_whitespace(byte))
+            == Some(&b'[')
+    }
+
     /// A whole text that is not an array or object: [`Recogniser::run`]
     /// for it.
     #[inline(never)]
-    fn scalar(&self, at: usize) -> Result<bool, Invalid> {
-        let mut non_ascii = false;
+    fn scalar(&self, at: usize) -> Result<(), Invalid> {
         let at = match self.byte(at) {
-            Some(b'"') => self.string(at + 1, &mut non_ascii)?,
+            Some(b'"') => self.string(at + 1)?,
             Some(b'n') => self.literal(at, b"null")?,
-            Some(b'0'..=b'9' | b'-') => self.number(at)?,
+            Some(byte @ (b'0'..=b'9' | b'-')) => self.number(at, byte)?,
             Some(b'f') => self.literal(at, b"false")?,
             Some(b't') => self.literal(at, b"true")?,
             _ => return fail(at, "expected a value"),
         };
-        self.end(at)?;
-        Ok(non_ascii)
+        self.end(at)
     }
 
     /// The end of the text: only whitespace may follow the value.
     fn end(&self, at: usize) -> Result<(), Invalid> {
-        let at = self.skip_whitespace(at);
+        if at == self.bytes.len() {
+            return Ok(());
+        }
+        let at = self.skip_any_whitespace(at);
         if at == self.bytes.len() {
             Ok(())
         } else {
@@ -318,8 +392,8 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
     /// A key and its colon; `at` follows the key's opening quote. Returns
     /// the offset after the colon.
     #[inline(always)]
-    fn key(&self, at: usize, non_ascii: &mut bool) -> Result<usize, Invalid> {
-        let mut at = self.string(at, non_ascii)?;
+    fn key(&self, at: usize) -> Result<usize, Invalid> {
+        let mut at = self.string(at)?;
         if self.byte(at) != Some(b':') {
             at = self.skip_whitespace(at);
             if self.byte(at) != Some(b':') {
@@ -331,85 +405,63 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
 
     /// The rest of a string; `at` follows its opening quote. Returns the
     /// offset after its closing quote.
-    ///
-    /// Its fast loop stops at non-ASCII bytes too: Synapse writes ASCII
-    /// only (`\uXXXX` escapes), so the test is one operation shorter, and
-    /// the first non-ASCII byte sends the rest of its string to
-    /// [`Recogniser::non_ascii_string`].
     #[inline(always)]
-    fn string(&self, mut at: usize, non_ascii: &mut bool) -> Result<usize, Invalid> {
+    fn string(&self, mut at: usize) -> Result<usize, Invalid> {
         loop {
-            // Skip eight plain ASCII bytes at a time: no quote, backslash,
-            // control character or non-ASCII byte.
+            // Skip eight plain bytes at a time: no quote, backslash,
+            // control character (nor, when fast, non-ASCII byte).
             let Some(mut rest) = self.bytes.get(at..) else {
                 return fail(at, "unterminated string");
             };
-            let (word, special) = loop {
+            let special = loop {
                 match rest.split_first_chunk::<8>() {
                     Some((chunk, tail)) => {
                         let word = u64::from_le_bytes(*chunk);
-                        let special = ascii_string_specials(word);
-                        if special != 0 {
-                            break (word, special);
+                        if let Some(special) = NonZeroU64::new(Self::specials(word)) {
+                            break special;
                         }
                         rest = tail;
                     }
                     None => {
-                        let word = self.tail_word(self.bytes.len() - rest.len());
-                        break (word, ascii_string_specials(word));
+                        // The tail word's last byte is past the end (zero,
+                        // a control character), so its flag changes nothing.
+                        let word = tail_word(self.bytes, self.bytes.len() - rest.len());
+                        break LAST_BYTE | Self::specials(word);
                     }
                 }
             };
-            // Jump to the first special byte, which the word holds.
-            let shift = special.trailing_zeros() & !7;
-            at = self.bytes.len() - rest.len() + shift as usize / 8;
-            let byte = (word >> shift) as u8;
-            if byte == b'"' {
-                return Ok(at + 1);
+            // Jump to the first special byte. (Non-zero, the count needs no
+            // check for zero.) It is read again rather than taken from the
+            // word, which the loop then need not keep.
+            at = self.bytes.len() - rest.len() + special.trailing_zeros() as usize / 8;
+            match self.byte(at) {
+                Some(b'"') => return Ok(at + 1),
+                byte => at = self.string_special(at, byte)?,
             }
-            at = self.string_special(at, byte, non_ascii)?;
+        }
+    }
+
+    /// The bytes of `word` that end a run of plain string bytes, as
+    /// [`bytes_below`] flags them.
+    #[inline(always)]
+    fn specials(word: u64) -> u64 {
+        if FAST {
+            ascii_string_specials(word)
+        } else {
+            string_specials(word)
         }
     }
 
     /// A special byte at `at` in a string, other than its closing quote: an
-    /// escape, a non-ASCII byte, or an error. Returns the offset to go on
-    /// scanning from.
+    /// escape, a non-ASCII byte, or an error (`None`: the end). Returns the
+    /// offset to go on scanning from.
     #[inline(never)]
-    fn string_special(&self, at: usize, byte: u8, non_ascii: &mut bool) -> Result<usize, Invalid> {
+    fn string_special(&self, at: usize, byte: Option<u8>) -> Result<usize, Invalid> {
         match byte {
-            b'\\' => self.escape(at),
-            0x80.. => {
-                *non_ascii = true;
-                // The rest of this string is scanned by a loop that takes
-                // non-ASCII bytes as plain; going on from its closing quote
-                // ends the string at once.
-                self.non_ascii_string(at).map(|end| end - 1)
-            }
-            _ if at < self.bytes.len() => fail(at, "control character in string"),
-            _ => fail(at, "unterminated string"),
-        }
-    }
-
-    /// [`Recogniser::string`] from its first non-ASCII byte on: non-ASCII
-    /// bytes are plain here, UTF-8 being checked once for the whole text,
-    /// at the end.
-    #[inline(never)]
-    fn non_ascii_string(&self, mut at: usize) -> Result<usize, Invalid> {
-        loop {
-            let word = self.word(at);
-            let special = string_specials(word);
-            if special == 0 {
-                at += 8;
-                continue;
-            }
-            let shift = special.trailing_zeros() & !7;
-            at += shift as usize / 8;
-            match (word >> shift) as u8 {
-                b'"' => return Ok(at + 1),
-                b'\\' => at = self.escape(at)?,
-                _ if at < self.bytes.len() => return fail(at, "control character in string"),
-                _ => return fail(at, "unterminated string"),
-            }
+            Some(b'\\') => self.escape(at),
+            Some(0x80..) => Err(RETRY),
+            Some(_) => fail(at, "control character in string"),
+            None => fail(at, "unterminated string"),
         }
     }
 
@@ -430,42 +482,67 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
         }
     }
 
-    /// Skips ASCII digits from `at`, eight at a time.
+    /// Skips ASCII digits from `at`, eight at a time. (As
+    /// [`Recogniser::string`] does, with a slice: one test per word.)
     #[inline(always)]
-    fn digits(&self, mut at: usize) -> usize {
-        loop {
-            let others = non_digits(self.word(at));
-            if others != 0 {
-                return at + others.trailing_zeros() as usize / 8;
+    fn digits(&self, at: usize) -> usize {
+        let Some(mut rest) = self.bytes.get(at..) else {
+            return at;
+        };
+        let others = loop {
+            match rest.split_first_chunk::<8>() {
+                Some((chunk, tail)) => {
+                    if let Some(others) = NonZeroU64::new(non_digits(u64::from_le_bytes(*chunk))) {
+                        break others;
+                    }
+                    rest = tail;
+                }
+                // The tail word's last byte is past the end (zero, not a
+                // digit), so its flag changes nothing.
+                None => {
+                    let word = tail_word(self.bytes, self.bytes.len() - rest.len());
+                    break LAST_BYTE | non_digits(word);
+                }
             }
-            at += 8;
+        };
+        self.bytes.len() - rest.len() + others.trailing_zeros() as usize / 8
+    }
+
+    /// A number; `at` is on its first byte, `byte`. Returns the offset
+    /// after it.
+    #[inline(always)]
+    fn number(&self, mut at: usize, mut byte: u8) -> Result<usize, Invalid> {
+        if byte == b'-' {
+            at += 1;
+            byte = self.byte(at).unwrap_or(0);
+        }
+        if byte == b'0' {
+            at += 1;
+            if let Some(b'0'..=b'9') = self.byte(at) {
+                return fail(at, "leading zero in number");
+            }
+        } else if byte.is_ascii_digit() {
+            let start = at;
+            at = self.digits(at);
+            if at - start > PYTHON_INT_MAX_DIGITS
+                && !matches!(self.byte(at), Some(b'.' | b'e' | b'E'))
+            {
+                return fail(start, "integer longer than Python's 4300-digit limit");
+            }
+        } else {
+            return fail(at, "invalid number");
+        }
+        // Synapse's rows hold integers: one test for the common case.
+        match self.byte(at) {
+            Some(b'.' | b'e' | b'E') => self.fraction_exponent(at),
+            _ => Ok(at),
         }
     }
 
-    /// A number; `at` is on its first byte. Returns the offset after it.
-    #[inline(always)]
-    fn number(&self, mut at: usize) -> Result<usize, Invalid> {
-        if self.byte(at) == Some(b'-') {
-            at += 1;
-        }
-        match self.byte(at) {
-            Some(b'0') => {
-                at += 1;
-                if let Some(b'0'..=b'9') = self.byte(at) {
-                    return fail(at, "leading zero in number");
-                }
-            }
-            Some(b'1'..=b'9') => {
-                let start = at;
-                at = self.digits(at + 1);
-                if at - start > PYTHON_INT_MAX_DIGITS
-                    && !matches!(self.byte(at), Some(b'.' | b'e' | b'E'))
-                {
-                    return fail(start, "integer longer than Python's 4300-digit limit");
-                }
-            }
-            _ => return fail(at, "invalid number"),
-        }
+    /// The fraction and exponent of a number, if any; `at` follows its
+    /// integer part. Returns the offset after the number.
+    #[inline(never)]
+    fn fraction_exponent(&self, mut at: usize) -> Result<usize, Invalid> {
         if self.byte(at) == Some(b'.') {
             let start = at + 1;
             at = self.digits(start);
@@ -500,7 +577,7 @@ impl<const NEWLINE_OK: bool> Recogniser<'_, NEWLINE_OK> {
 
 #[cfg(test)]
 mod tests {
-    use super::validate;
+    use super::{ascii_string_specials, non_digits, string_specials, validate};
     use proptest::prelude::*;
     use serde::de::IgnoredAny;
 
@@ -570,6 +647,18 @@ mod tests {
             b"Infinity",
             b"-Infinity",
             b"\"\\\"\"",
+            b"[ [ ] ]",
+            b"[[],[]]",
+            b"[[] ]",
+            b"[] ]",
+            b"[1, ]",
+            b"[ ,]",
+            b"{\"a\":]",
+            b"{\"a\": ]",
+            b"{\"a\":[]}",
+            b"[\t\r\n]",
+            b"[\x01]",
+            b"[\"\xc3\xa9\",]",
         ];
         for case in cases {
             assert_eq!(
@@ -579,6 +668,183 @@ mod tests {
                 String::from_utf8_lossy(case)
             );
         }
+    }
+
+    /// The offset of the byte a mask's lowest flag marks, if any.
+    fn first_flagged(mask: u64) -> Option<usize> {
+        (mask != 0).then(|| mask.trailing_zeros() as usize / 8)
+    }
+
+    /// Each special byte, after every run of plain bytes and before any
+    /// byte at all: the lowest flag of each word mask marks exactly the
+    /// first special byte (borrows and carries only spoil the flags above
+    /// it).
+    #[test]
+    fn word_masks_flag_the_first_special_byte() {
+        let plain = [b'a', b'0', b'~', b' ', b'#', b'!', b'[', b'\x7f'];
+        for byte in 0..=255u8 {
+            for at in 0..8 {
+                for after in [0u8, b'a', b'"', b'\\', 0x80, 0xff, b'5', b'9' + 1] {
+                    for fill in plain {
+                        let mut bytes = [fill; 8];
+                        bytes[at] = byte;
+                        bytes[at + 1..].fill(after);
+                        let word = u64::from_le_bytes(bytes);
+                        let string_special = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+                        assert_eq!(
+                            first_flagged(ascii_string_specials(word)),
+                            bytes.iter().position(|&b| string_special(b) || b >= 0x80),
+                            "{bytes:02x?}"
+                        );
+                        assert_eq!(
+                            first_flagged(string_specials(word)),
+                            bytes.iter().position(|&b| string_special(b)),
+                            "{bytes:02x?}"
+                        );
+                        assert_eq!(
+                            first_flagged(non_digits(word)),
+                            bytes.iter().position(|&b| !b.is_ascii_digit()),
+                            "{bytes:02x?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Strings, escapes, literals and numbers ending at every offset
+    /// modulo eight, at the end of the text and not, in texts shorter than
+    /// a word and longer: where the word scans start and stop.
+    #[test]
+    fn agrees_with_serde_json_wherever_words_fall() {
+        let pieces: &[&[u8]] = &[
+            b"\"\"",
+            b"\"abcdefg\"",
+            b"\"abcdefgh\"",
+            b"\"\\n\"",
+            b"\"\\\\\"",
+            b"\"a\\u00e9b\"",
+            b"\"\\ud800\"",
+            b"\"\\u00\"",
+            b"\"\\x\"",
+            b"\"\\",
+            b"\"\\u",
+            b"\"abc",
+            b"\"",
+            "\"caf\u{e9}\"".as_bytes(),
+            "\"\u{e9}\\n\u{e9}\"".as_bytes(),
+            b"\"\xc3\"",
+            b"\"\xff\"",
+            b"\"a\x01\"",
+            b"\"a\x7f\"",
+            b"\"a\nb\"",
+            b"null",
+            b"nul",
+            b"nulll",
+            b"true",
+            b"tru",
+            b"false",
+            b"fals",
+            b"0",
+            b"-0",
+            b"-",
+            b"01",
+            b"12345678",
+            b"123456789012345",
+            b"1.5",
+            b"1.",
+            b"1e5",
+            b"1E+",
+            b"1.5e-3x",
+            b"[]",
+            b"{}",
+            b"[ ]",
+            b"{\"k\":1}",
+            b"{\"k\"}",
+            b"\xc3\xa9",
+        ];
+        let mut texts = Vec::new();
+        for pad in 0..17 {
+            let run = "x".repeat(pad);
+            for piece in pieces {
+                for (open, close) in [
+                    ("", ""),
+                    ("[", "]"),
+                    ("[", ""),
+                    ("[", ",1]"),
+                    ("{\"k\":", "}"),
+                ] {
+                    // After a string that moves the piece along the text.
+                    texts.push(
+                        [
+                            format!("[\"{run}\",{open}").as_bytes(),
+                            piece,
+                            close.as_bytes(),
+                            b"]",
+                        ]
+                        .concat(),
+                    );
+                    // After whitespace; the piece alone at the end.
+                    texts.push(
+                        [
+                            " ".repeat(pad).as_bytes(),
+                            open.as_bytes(),
+                            piece,
+                            close.as_bytes(),
+                        ]
+                        .concat(),
+                    );
+                    // Inside a string.
+                    texts.push([b"[\"", run.as_bytes(), piece, b"\"]"].concat());
+                }
+            }
+        }
+        for text in texts {
+            let mut any_prefix = text.clone();
+            while !any_prefix.is_empty() {
+                assert_eq!(
+                    validate(&any_prefix).is_ok(),
+                    oracle(&any_prefix),
+                    "disagreement on {:?}",
+                    String::from_utf8_lossy(&any_prefix)
+                );
+                any_prefix.pop();
+            }
+        }
+    }
+
+    #[test]
+    fn newlines_are_refused_where_rows_cannot_hold_them() {
+        use super::validate_with;
+        for text in [
+            &b"[\n]"[..],
+            b"[\n1]",
+            b"[1\n]",
+            b"[[]\n]",
+            b"\n[]",
+            b"[]\n",
+        ] {
+            assert!(validate_with(text, true).is_ok());
+            let invalid = validate_with(text, false).unwrap_err();
+            assert_eq!(text[invalid.at], b'\n', "{invalid:?}");
+        }
+    }
+
+    #[test]
+    fn errors_are_at_offsets_in_the_text() {
+        // Never the marker by which the fast recogniser hands over.
+        for text in [
+            &b"[\"\xc3\xa9\", x]"[..],
+            b"[\"\xff\"]",
+            b"\"\xc3",
+            b"[\"\xc3\xa9\x01\"]",
+        ] {
+            let invalid = validate(text).unwrap_err();
+            assert!(invalid.at <= text.len(), "{invalid:?}");
+        }
+        let mut deep = b"[".repeat(70);
+        deep.push(b'x');
+        assert_eq!(validate(&deep).unwrap_err().at, 70);
     }
 
     #[test]
@@ -659,10 +925,33 @@ mod tests {
         }
 
         #[test]
+        fn agrees_with_serde_json_on_strings(
+            body in prop::collection::vec(string_byte(), 0..48),
+            open in prop::sample::select(vec!["\"", "[\"", "[1,\"", "{\"", " \""]),
+            close in prop::sample::select(vec!["\"", "\"]", "\",2]", "\":0}", "\" ", ""]),
+        ) {
+            let text = [open.as_bytes(), &body, close.as_bytes()].concat();
+            prop_assert_eq!(validate(&text).is_ok(), oracle(&text));
+            if let Err(invalid) = validate(&text) {
+                prop_assert!(invalid.at <= text.len());
+            }
+        }
+
+        #[test]
         fn accepts_whatever_serde_json_writes(value in arbitrary_value()) {
             let text = serde_json::to_vec(&value).unwrap();
             prop_assert!(validate(&text).is_ok());
         }
+    }
+
+    /// Bytes of strings: mostly plain, with the bytes that stop the word
+    /// scans (escapes whole or broken, control characters, non-ASCII bytes
+    /// valid as UTF-8 or not).
+    fn string_byte() -> impl Strategy<Value = u8> {
+        prop_oneof![
+            8 => prop::sample::select(b"abcXYZ09:!@$.~ ".to_vec()),
+            1 => prop::sample::select(b"\"\\nu0aDe\x01\x1f\x7f\xc3\xa9\x80\xff".to_vec()),
+        ]
     }
 
     fn arbitrary_value() -> impl Strategy<Value = serde_json::Value> {
