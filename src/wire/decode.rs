@@ -81,18 +81,14 @@ impl Decoder {
     /// path only.
     #[inline(always)]
     pub(crate) fn decode_salvaging(&self, line: Bytes) -> Result<Option<Command>, Salvaged> {
-        if line.len() > self.max_line_len {
-            let error = DecodeError::LineTooLong {
-                len: line.len(),
-                max: self.max_line_len,
-            };
-            return Err(salvage(error, &line));
-        }
         // Most lines are rows, and most others positions: go straight to
         // them.
-        if line.starts_with(RDATA) {
-            return decode_rdata(line).map(|rdata| Some(Command::Rdata(rdata)));
+        if is_rdata(&line) {
+            return self
+                .decode_rdata_salvaging(line)
+                .map(|rdata| Some(Command::Rdata(rdata)));
         }
+        self.check_len(&line)?;
         if line.starts_with(POSITION) {
             return decode_position(&line)
                 .map(|position| Some(Command::Position(position)))
@@ -106,22 +102,27 @@ impl Decoder {
             .map(Some)
             .map_err(|error| salvage(error, &line))
     }
-}
 
-impl Decoder {
     /// [`Decoder::decode_salvaging`] for a line that starts with `RDATA `:
     /// the row itself, not wrapped in a [`Command`] (the receive path hands
     /// it straight to the follower).
     #[inline(always)]
     pub(crate) fn decode_rdata_salvaging(&self, line: Bytes) -> Result<Rdata, Salvaged> {
+        self.check_len(&line)?;
+        decode_rdata(line)
+    }
+
+    /// Refuses a line over the length limit.
+    #[inline(always)]
+    fn check_len(&self, line: &Bytes) -> Result<(), Salvaged> {
         if line.len() > self.max_line_len {
             let error = DecodeError::LineTooLong {
                 len: line.len(),
                 max: self.max_line_len,
             };
-            return Err(salvage(error, &line));
+            return Err(salvage(error, line));
         }
-        decode_rdata(line)
+        Ok(())
     }
 }
 
