@@ -113,7 +113,7 @@ impl RespDecoder {
             return None;
         }
         let limits = &self.limits;
-        if !fast_paths_fit(limits) {
+        if !self.fast {
             return None;
         }
         let (&first, rest) = buf.split_first()?;
@@ -142,7 +142,7 @@ impl RespDecoder {
         const MESSAGE: &[u8] = b"3\r\n$7\r\nmessage\r\n";
         const PMESSAGE: &[u8] = b"4\r\n$8\r\npmessage\r\n";
         let limits = &self.limits;
-        if !fast_paths_fit(limits) {
+        if !self.fast {
             return None;
         }
         let (&first, rest) = buf.split_first()?;
@@ -174,7 +174,7 @@ impl RespDecoder {
 /// (`message`, `pmessage`: they check only the variable ones). Tighter
 /// limits (tests, fuzzing) leave everything to the general path, which
 /// reports them exactly.
-pub(super) fn fast_paths_fit(limits: &Limits) -> bool {
+pub(super) const fn fast_paths_fit(limits: &Limits) -> bool {
     limits.depth() >= 1
         && limits.max_elements >= 4
         && limits.max_line_len > MAX_LEN_DIGITS

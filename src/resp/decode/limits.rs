@@ -103,7 +103,11 @@ impl Limits {
         self
     }
 
-    pub(super) fn depth(&self) -> usize {
-        self.max_depth.min(Self::DEPTH_CEILING)
+    pub(super) const fn depth(&self) -> usize {
+        if self.max_depth < Self::DEPTH_CEILING {
+            self.max_depth
+        } else {
+            Self::DEPTH_CEILING
+        }
     }
 }

@@ -68,6 +68,9 @@ pub struct RespDecoder {
     tokens: Vec<Token>,
     /// Aggregates under construction, reused across frames.
     building: Vec<Building>,
+    /// Whether the message fast paths may run under `limits`
+    /// ([`fast::fast_paths_fit`]), decided once: they run for every message.
+    fast: bool,
 }
 
 /// A range of the buffer.
@@ -159,6 +162,7 @@ impl RespDecoder {
             open: Vec::new(),
             tokens: Vec::new(),
             building: Vec::new(),
+            fast: fast::fast_paths_fit(&limits),
         }
     }
 
