@@ -369,6 +369,21 @@ impl Follower {
             self.ctx.counters.while_disconnected += 1;
             return;
         }
+        // A tracked writer is never this follower: every way in refuses
+        // its own name before admitting a pair. So a tracked pair needs no
+        // echo check, and the common case compares one name, not two.
+        let Some((slot, wi)) = self.tracked(&rdata.stream, &rdata.instance) else {
+            self.handle_untracked_rdata(rdata);
+            return;
+        };
+        self.dispatch_rdata(slot, wi, rdata);
+    }
+
+    /// [`Follower::handle_rdata`] for a pair not tracked (yet): an echo of
+    /// this follower's own, a writer to admit, or one to reject.
+    #[cold]
+    #[inline(never)]
+    fn handle_untracked_rdata(&mut self, rdata: Rdata) {
         if rdata.instance == self.own {
             self.ctx.counters.own_echoes += 1;
             return;
@@ -378,6 +393,13 @@ impl Follower {
         else {
             return;
         };
+        self.dispatch_rdata(slot, wi, rdata);
+    }
+
+    /// Processes writer `wi`'s `RDATA` now, or holds it behind the writer's
+    /// catch-up.
+    #[inline(always)]
+    fn dispatch_rdata(&mut self, slot: Slot, wi: usize, rdata: Rdata) {
         let Some(stream) = self.streams.get_mut(slot) else {
             return;
         };
@@ -735,18 +757,22 @@ impl Follower {
         stream: &StreamName,
         instance: &InstanceName,
     ) -> Result<(Slot, usize), RejectReason> {
-        let slot = self.streams.slot(stream);
-        if let Some(wi) = slot.and_then(|s| self.streams.get_mut(s)).and_then(|s| {
-            let wi = s.writer_index(instance)?;
-            s.writers.get_mut(wi)?.heard = self.ctx.clock;
-            Some(wi)
-        }) {
-            if let Some(slot) = slot {
-                self.ctx.clock += 1;
-                return Ok((slot, wi));
-            }
+        if let Some(pair) = self.tracked(stream, instance) {
+            return Ok(pair);
         }
         self.admit(stream, instance)
+    }
+
+    /// The pair, if tracked, its writer heard from now. Never this
+    /// follower's own name: no pair of it is ever admitted.
+    #[inline(always)]
+    fn tracked(&mut self, stream: &StreamName, instance: &InstanceName) -> Option<(Slot, usize)> {
+        let slot = self.streams.slot(stream)?;
+        let state = self.streams.get_mut(slot)?;
+        let wi = state.writer_index(instance)?;
+        state.writers.get_mut(wi)?.heard = self.ctx.clock;
+        self.ctx.clock += 1;
+        Some((slot, wi))
     }
 
     /// [`Follower::pair`] for a pair not tracked yet: admitted if the
@@ -758,6 +784,8 @@ impl Follower {
         stream: &StreamName,
         instance: &InstanceName,
     ) -> Result<(Slot, usize), RejectReason> {
+        // Callers refuse the follower's own name first: `tracked` relies on it.
+        debug_assert!(*instance != self.own, "admitting the follower's own name");
         if !self.registry.may_write(stream, instance) {
             return Err(RejectReason::NotAWriter);
         }
@@ -814,5 +842,82 @@ impl Follower {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StreamWriters;
+    use crate::wire::{RawRow, RdataToken};
+
+    fn rdata(writer: &str, token: Option<i64>) -> Rdata {
+        Rdata {
+            stream: StreamName::Events,
+            instance: InstanceName::from(writer),
+            token: token.map_or(RdataToken::Batch, |t| RdataToken::At(Token(t))),
+            row: RawRow::new(&b"[1]"[..]).expect("valid JSON"),
+        }
+    }
+
+    fn position(writer: &str, prev: i64, new: i64) -> Position {
+        Position {
+            stream: StreamName::Events,
+            instance: InstanceName::from(writer),
+            prev_token: Token(prev),
+            new_token: Token(new),
+        }
+    }
+
+    fn events(follower: &mut Follower) -> Vec<FollowerEvent> {
+        std::iter::from_fn(|| follower.poll_event()).collect()
+    }
+
+    #[test]
+    fn own_rows_are_echoes_whether_or_not_others_are_tracked() {
+        // `handle_rdata` looks the pair up before the echo check: the
+        // follower's own name must never be tracked.
+        let mut follower =
+            Follower::new(InstanceName::master(), Arc::new(StreamWriters::default()));
+        follower.connected();
+        follower.handle_rdata(rdata("master", Some(1)));
+        assert_eq!(follower.counters().own_echoes, 1);
+        assert_eq!(follower.tracked_pairs(), 0);
+        assert!(
+            follower
+                .set_position(&StreamName::Events, &InstanceName::master(), Token(1))
+                .is_err()
+        );
+        follower.handle_position(position("master", 0, 1));
+        follower.handle_rdata(rdata("master", Some(2)));
+        assert_eq!(follower.counters().own_echoes, 3);
+        assert_eq!(follower.tracked_pairs(), 0);
+        assert!(events(&mut follower).is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_writer_is_looked_up_afresh() {
+        let mut follower = Follower::new(
+            InstanceName::from("worker1"),
+            Arc::new(StreamWriters::default()),
+        );
+        follower.connected();
+        follower.handle_position(position("master", 0, 1));
+        follower.handle_rdata(rdata("master", Some(2)));
+        assert_eq!(follower.counters().rdata_applied, 1);
+        assert!(follower.forget_writer(&StreamName::Events, &InstanceName::master()));
+        assert_eq!(follower.tracked_pairs(), 0);
+        // Admitted again, but not announced on this connection: dropped.
+        follower.handle_rdata(rdata("master", Some(3)));
+        assert_eq!(follower.tracked_pairs(), 1);
+        assert_eq!(follower.counters().rdata_unconnected, 1);
+        follower.handle_position(position("master", 3, 3));
+        follower.handle_rdata(rdata("master", Some(4)));
+        assert_eq!(follower.counters().rdata_applied, 2);
+        assert_eq!(
+            follower.position(&StreamName::Events, &InstanceName::master()),
+            Some(Token(4))
+        );
+        assert_eq!(follower.counters().own_echoes, 0);
     }
 }
