@@ -345,6 +345,36 @@ impl WriterState {
         }
     }
 
+    /// The rows of a numbered `row`: the open batch's, then it.
+    #[inline(always)]
+    fn take_rows(&mut self, row: RawRow, ctx: &mut Ctx) -> Rows {
+        if self.batch.is_empty() {
+            Rows::one(row)
+        } else {
+            ctx.buffered_bytes -= self.batch_bytes;
+            self.batch_bytes = 0;
+            let mut rows = mem::take(&mut self.batch);
+            rows.push(row);
+            Rows::from(rows)
+        }
+    }
+
+    /// [`WriterState::note_delivered`] for a live row above both the
+    /// position and the floor: what it does then, without the branches
+    /// that cannot be taken.
+    #[inline(always)]
+    fn note_delivered_above(&mut self, token: Token, position: Token, print: u64) {
+        debug_assert!(self.position == Some(position) && token > position && token > self.floor);
+        self.floor_print = print;
+        self.contested = None;
+        if token.0 > position.0.saturating_add(1) {
+            self.hole = (position, token);
+        }
+        self.floor = token;
+        self.floor_claimed = false;
+        self.position = Some(token);
+    }
+
     /// Records that rows at `token` were delivered (`live`: from `RDATA`).
     #[inline]
     fn note_delivered(
@@ -610,7 +640,51 @@ impl StreamState {
         }
     }
 
+    /// Processes an `RDATA` of writer `wi`, which has no catch-up
+    /// outstanding.
+    ///
+    /// The common case, a numbered row above everything the writer
+    /// announced or delivered, from a writer connected and proven, whose
+    /// batch is not cut, within [`FollowerLimits::max_token_jump`], is
+    /// applied here; the rest goes through every rule in
+    /// [`StreamState::process_rdata_checked`]. Both give the same outcome
+    /// for the common case: none of the checks there can fire for it.
+    #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
+        let top = self.top;
+        if let (RdataToken::At(token), Some(w)) = (rdata.token, self.writers.get_mut(wi)) {
+            if let Some(position) = w.position {
+                let evidence = top.map_or(w.floor, |top| top.max(w.floor));
+                if w.connected
+                    && !w.unproven
+                    && !w.batch_cut
+                    && token > position
+                    && token > w.floor
+                    && token.0 <= evidence.0.saturating_add(ctx.limits.max_token_jump)
+                {
+                    let print = fingerprint(rdata.row.as_bytes());
+                    let rows = w.take_rows(rdata.row, ctx);
+                    w.note_delivered_above(token, position, print);
+                    self.raise_top(token);
+                    ctx.counters.rdata_applied += 1;
+                    ctx.counters.rows_delivered += rows.len() as u64;
+                    ctx.events.push_back(FollowerEvent::Rows {
+                        stream: rdata.stream,
+                        writer: rdata.instance,
+                        token,
+                        rows,
+                        source: RowOrigin::Live,
+                    });
+                    return;
+                }
+            }
+        }
+        self.process_rdata_checked(wi, rdata, ctx);
+    }
+
+    /// [`StreamState::process_rdata`] with every rule.
+    #[inline(never)]
+    fn process_rdata_checked(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {
             return;
@@ -715,15 +789,7 @@ impl StreamState {
             self.start_catch_up(wi, position, token, ctx);
             return;
         }
-        let rows = if w.batch.is_empty() {
-            Rows::one(rdata.row)
-        } else {
-            ctx.buffered_bytes -= w.batch_bytes;
-            w.batch_bytes = 0;
-            let mut rows = mem::take(&mut w.batch);
-            rows.push(rdata.row);
-            Rows::from(rows)
-        };
+        let rows = w.take_rows(rdata.row, ctx);
         ctx.counters.rdata_applied += 1;
         ctx.counters.rows_delivered += rows.len() as u64;
         self.delivered(wi, token, print, true, ctx);
@@ -1173,6 +1239,140 @@ mod tests {
                 assert_eq!(stream.writers[found.unwrap()].name, name);
             }
         }
+    }
+
+    fn ctx(max_token_jump: i64) -> Ctx {
+        Ctx {
+            limits: FollowerLimits {
+                max_token_jump,
+                ..FollowerLimits::default()
+            },
+            events: VecDeque::new(),
+            counters: FollowerCounters::default(),
+            connected: true,
+            epoch: 1,
+            next_id: 0,
+            pairs: 1,
+            open_pairs: 0,
+            clock: 0,
+            buffered_bytes: 0,
+        }
+    }
+
+    /// What a writer's state amounts to, to compare two.
+    fn summary(stream: &StreamState, ctx: &Ctx) -> String {
+        let w = &stream.writers[0];
+        format!(
+            "{:?} {:?} {} {:?} {} {:?} {} {} {} {} {} {} {:?} {:?} {:?} {}",
+            stream.top,
+            w.position,
+            w.floor,
+            w.floor_claimed,
+            w.hole.0,
+            w.hole.1,
+            w.floor_print,
+            w.connected,
+            w.batch_cut,
+            w.unproven,
+            w.batch.len(),
+            w.batch_bytes,
+            w.contested,
+            w.pending
+                .as_ref()
+                .map(|p| p.catch_up.as_ref().map(|c| (c.cursor, c.to))),
+            ctx.counters,
+            ctx.buffered_bytes,
+        )
+    }
+
+    #[test]
+    fn the_in_order_path_does_what_every_rule_does() {
+        // `process_rdata` applies the common case itself: for every state
+        // and row, its outcome must be that of `process_rdata_checked`.
+        let row = |text: &str| RawRow::new(text.to_owned()).expect("valid JSON");
+        let print = fingerprint(row("[1]").as_bytes());
+        let tokens = [
+            None,
+            Some(1),
+            Some(2),
+            Some(4),
+            Some(5),
+            Some(6),
+            Some(7),
+            Some(40),
+            Some(2_000_000),
+        ];
+        let mut fast_taken = 0;
+        let mut cases = 0;
+        for bits in 0..1 << 7 {
+            let flag = |bit: u32| bits & (1 << bit) != 0;
+            for (position, floor) in [
+                (None, 0),
+                (Some(5), 5),
+                (Some(5), 3),
+                (Some(6), 2),
+                (Some(4), 5),
+            ] {
+                for hole in [NO_HOLE, (Token(1), Token(5)), (Token(2), Token(3))] {
+                    for top in [None, Some(5), Some(30)] {
+                        for floor_print in [0, print, 7] {
+                            for jump in [1_000_000, 10] {
+                                for token in tokens {
+                                    let build = || {
+                                        let mut stream = StreamState::new(StreamName::Events);
+                                        let mut w = WriterState::new(InstanceName::master(), true);
+                                        w.position = position.map(Token);
+                                        w.floor = Token(floor);
+                                        w.hole = hole;
+                                        w.floor_print = floor_print;
+                                        w.connected = flag(0);
+                                        w.unproven = flag(1);
+                                        w.batch_cut = flag(2);
+                                        w.floor_claimed = flag(3);
+                                        if flag(4) {
+                                            w.contested = Some(Box::new([print ^ 2, 0, 0, 0]));
+                                        }
+                                        let mut ctx = ctx(jump);
+                                        if flag(5) {
+                                            w.batch.push(row("[0]"));
+                                            w.batch_bytes = 3;
+                                            ctx.buffered_bytes = 3;
+                                        }
+                                        stream.top = top.map(Token);
+                                        stream.add_writer(w);
+                                        (stream, ctx)
+                                    };
+                                    let rdata = || Rdata {
+                                        stream: StreamName::Events,
+                                        instance: InstanceName::master(),
+                                        token: token.map_or(RdataToken::Batch, |t| {
+                                            RdataToken::At(Token(t))
+                                        }),
+                                        row: row(if flag(6) { "[1]" } else { "[2]" }),
+                                    };
+                                    let (mut fast, mut fast_ctx) = build();
+                                    fast.process_rdata(0, rdata(), &mut fast_ctx);
+                                    let (mut checked, mut checked_ctx) = build();
+                                    checked.process_rdata_checked(0, rdata(), &mut checked_ctx);
+                                    assert_eq!(
+                                        summary(&fast, &fast_ctx),
+                                        summary(&checked, &checked_ctx),
+                                        "bits {bits:b} position {position:?} floor {floor} hole {hole:?} top {top:?} print {floor_print} jump {jump} token {token:?}"
+                                    );
+                                    assert!(fast_ctx.events.iter().eq(checked_ctx.events.iter()));
+                                    cases += 1;
+                                    fast_taken += usize::from(fast_ctx.counters.rdata_applied > 0);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            fast_taken > 1000 && cases > 100_000,
+            "{fast_taken} of {cases}"
+        );
     }
 
     #[test]
