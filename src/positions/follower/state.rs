@@ -651,35 +651,70 @@ impl StreamState {
     /// for the common case: none of the checks there can fire for it.
     #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
-        let top = self.top;
-        if let (RdataToken::At(token), Some(w)) = (rdata.token, self.writers.get_mut(wi)) {
-            if let Some(position) = w.position {
-                let evidence = top.map_or(w.floor, |top| top.max(w.floor));
-                if w.connected
-                    && !w.unproven
-                    && !w.batch_cut
-                    && token > position
-                    && token > w.floor
-                    && token.0 <= evidence.0.saturating_add(ctx.limits.max_token_jump)
-                {
-                    let print = fingerprint(rdata.row.as_bytes());
-                    let rows = w.take_rows(rdata.row, ctx);
-                    w.note_delivered_above(token, position, print);
-                    self.raise_top(token);
-                    ctx.counters.rdata_applied += 1;
-                    ctx.counters.rows_delivered += rows.len() as u64;
-                    ctx.events.push_back(FollowerEvent::Rows {
-                        stream: rdata.stream,
-                        writer: rdata.instance,
-                        token,
-                        rows,
-                        source: RowOrigin::Live,
-                    });
-                    return;
-                }
-            }
+        match self.in_order(wi, rdata.token, &ctx.limits) {
+            Some((token, position)) => self.apply_in_order(wi, token, position, rdata, ctx),
+            None => self.process_rdata_checked(wi, rdata, ctx),
         }
-        self.process_rdata_checked(wi, rdata, ctx);
+    }
+
+    /// The token of writer `wi`'s row at `token`, and the writer's
+    /// position, if the row is the common case of
+    /// [`StreamState::process_rdata`].
+    #[inline(always)]
+    fn in_order(
+        &self,
+        wi: usize,
+        token: RdataToken,
+        limits: &FollowerLimits,
+    ) -> Option<(Token, Token)> {
+        let RdataToken::At(token) = token else {
+            return None;
+        };
+        let w = self.writers.get(wi)?;
+        let position = w.position?;
+        let evidence = self.top.map_or(w.floor, |top| top.max(w.floor));
+        (w.connected
+            && !w.unproven
+            && !w.batch_cut
+            && token > position
+            && token > w.floor
+            && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
+        .then_some((token, position))
+    }
+
+    /// Applies writer `wi`'s row at `token`, one
+    /// [`StreamState::in_order`] found in order.
+    #[inline(always)]
+    fn apply_in_order(
+        &mut self,
+        wi: usize,
+        token: Token,
+        position: Token,
+        rdata: Rdata,
+        ctx: &mut Ctx,
+    ) {
+        let Rdata {
+            stream,
+            instance,
+            row,
+            ..
+        } = rdata;
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let print = fingerprint(row.as_bytes());
+        let rows = w.take_rows(row, ctx);
+        w.note_delivered_above(token, position, print);
+        self.raise_top(token);
+        ctx.counters.rdata_applied += 1;
+        ctx.counters.rows_delivered += rows.len() as u64;
+        ctx.events.push_back(FollowerEvent::Rows {
+            stream,
+            writer: instance,
+            token,
+            rows,
+            source: RowOrigin::Live,
+        });
     }
 
     /// [`StreamState::process_rdata`] with every rule.
