@@ -372,11 +372,18 @@ impl Follower {
         // A tracked writer is never this follower: every way in refuses
         // its own name before admitting a pair. So a tracked pair needs no
         // echo check, and the common case compares one name, not two.
-        let Some((slot, wi)) = self.tracked(&rdata.stream, &rdata.instance) else {
+        let Some((stream, wi)) =
+            self.streams
+                .tracked(&rdata.stream, &rdata.instance, &mut self.ctx.clock)
+        else {
             self.handle_untracked_rdata(rdata);
             return;
         };
-        self.dispatch_rdata(slot, wi, rdata);
+        if stream.is_pending(wi) {
+            stream.enqueue(wi, Queued::Rdata(rdata), &mut self.ctx);
+        } else {
+            stream.process_rdata(wi, rdata, &mut self.ctx);
+        }
     }
 
     /// [`Follower::handle_rdata`] for a pair not tracked (yet): an echo of
@@ -393,13 +400,6 @@ impl Follower {
         else {
             return;
         };
-        self.dispatch_rdata(slot, wi, rdata);
-    }
-
-    /// Processes writer `wi`'s `RDATA` now, or holds it behind the writer's
-    /// catch-up.
-    #[inline(always)]
-    fn dispatch_rdata(&mut self, slot: Slot, wi: usize, rdata: Rdata) {
         let Some(stream) = self.streams.get_mut(slot) else {
             return;
         };
@@ -768,10 +768,10 @@ impl Follower {
     #[inline(always)]
     fn tracked(&mut self, stream: &StreamName, instance: &InstanceName) -> Option<(Slot, usize)> {
         let slot = self.streams.slot(stream)?;
-        let state = self.streams.get_mut(slot)?;
-        let wi = state.writer_index(instance)?;
-        state.writers.get_mut(wi)?.heard = self.ctx.clock;
-        self.ctx.clock += 1;
+        let wi = self
+            .streams
+            .get_mut(slot)?
+            .heard_from(instance, &mut self.ctx.clock)?;
         Some((slot, wi))
     }
 
@@ -850,6 +850,86 @@ mod tests {
     use super::*;
     use crate::config::StreamWriters;
     use crate::wire::{RawRow, RdataToken};
+
+    fn rdata_on(stream: &str, writer: &str, token: i64) -> Rdata {
+        Rdata {
+            stream: StreamName::from(stream),
+            instance: InstanceName::from(writer),
+            token: RdataToken::At(Token(token)),
+            row: RawRow::new(&b"[1]"[..]).expect("valid JSON"),
+        }
+    }
+
+    fn position_on(stream: &str, writer: &str, token: i64) -> Position {
+        Position {
+            stream: StreamName::from(stream),
+            instance: InstanceName::from(writer),
+            prev_token: Token(token),
+            new_token: Token(token),
+        }
+    }
+
+    /// Lets anyone write anything.
+    struct Anyone;
+
+    impl WriterRegistry for Anyone {
+        fn may_write(&self, _: &StreamName, _: &InstanceName) -> bool {
+            true
+        }
+
+        fn writers(&self, _: &StreamName) -> WriterList<'_> {
+            WriterList::Any
+        }
+
+        fn streams_written_by(&self, _: &InstanceName) -> Vec<StreamName> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn writers_are_found_after_streams_and_writers_move() {
+        // Writers of streams this crate does not know live in `others`,
+        // which forgetting the last writer of one reorders
+        // (`swap_remove`); a stream's writers are reordered the same way.
+        let mut follower = Follower::new(InstanceName::from("worker1"), Arc::new(Anyone));
+        follower.connected();
+        for stream in ["s_a", "s_b", "s_c"] {
+            for writer in ["w1", "w2", "a_writer_name_too_long_to_be_inline"] {
+                follower.handle_position(position_on(stream, writer, 1));
+            }
+        }
+        assert_eq!(follower.tracked_pairs(), 9);
+        for writer in ["w1", "w2", "a_writer_name_too_long_to_be_inline"] {
+            assert!(follower.forget_writer(&StreamName::from("s_a"), &InstanceName::from(writer)));
+        }
+        assert!(follower.forget_writer(&StreamName::from("s_b"), &InstanceName::from("w1")));
+        events(&mut follower);
+        let mut token = 1;
+        for stream in ["s_c", "s_b"] {
+            for writer in ["a_writer_name_too_long_to_be_inline", "w2", "w1"] {
+                token += 1;
+                follower.handle_rdata(rdata_on(stream, writer, token));
+                let applied = events(&mut follower);
+                if stream == "s_b" && writer == "w1" {
+                    // Forgotten: admitted again, not announced.
+                    assert!(applied.is_empty());
+                    continue;
+                }
+                assert!(
+                    matches!(&applied[..], [FollowerEvent::Rows { stream: s, writer: w, .. }]
+                        if s.as_str() == stream && w.as_str() == writer),
+                    "{stream} {writer}: {applied:?}"
+                );
+                assert_eq!(
+                    follower.position(&StreamName::from(stream), &InstanceName::from(writer)),
+                    Some(Token(token))
+                );
+            }
+        }
+        assert_eq!(follower.counters().rdata_applied, 5);
+        assert_eq!(follower.counters().rdata_unconnected, 1);
+        assert_eq!(follower.counters().rejected, 0);
+    }
 
     fn rdata(writer: &str, token: Option<i64>) -> Rdata {
         Rdata {

@@ -61,6 +61,23 @@ impl Streams {
         }
     }
 
+    /// The stream and index of a tracked pair, its writer heard from now
+    /// (at `clock`, which moves on).
+    #[inline(always)]
+    pub(super) fn tracked(
+        &mut self,
+        stream: &StreamName,
+        instance: &InstanceName,
+        clock: &mut u64,
+    ) -> Option<(&mut StreamState, usize)> {
+        let state = match known_index(stream) {
+            Some(index) => self.known.get_mut(index)?,
+            None => self.others.iter_mut().find(|s| s.name == *stream)?,
+        };
+        let wi = state.heard_from(instance, clock)?;
+        Some((state, wi))
+    }
+
     pub(super) fn get(&self, slot: Slot) -> Option<&StreamState> {
         match slot {
             Slot::Known(i) => self.known.get(i),
@@ -561,6 +578,16 @@ impl StreamState {
             Some(index) => index.get(instance).copied(),
             None => self.writers.iter().position(|w| w.name == *instance),
         }
+    }
+
+    /// The index of writer `instance`, if tracked, heard from now (at
+    /// `clock`, which moves on).
+    #[inline(always)]
+    pub(super) fn heard_from(&mut self, instance: &InstanceName, clock: &mut u64) -> Option<usize> {
+        let wi = self.writer_index(instance)?;
+        self.writers.get_mut(wi)?.heard = *clock;
+        *clock += 1;
+        Some(wi)
     }
 
     pub(super) fn writer(&self, instance: &InstanceName) -> Option<&WriterState> {
