@@ -208,6 +208,10 @@ pub(super) struct StreamState {
     /// Positions in `writers` by name, once there are more than
     /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
     pub(super) index: Option<HashMap<InstanceName, usize>>,
+    /// The index in `writers` of the writer last heard from: most streams
+    /// have one busy writer, found by one comparison. Only a hint (checked
+    /// against the name), so removing writers need not keep it right.
+    last: usize,
 }
 
 pub(super) struct WriterState {
@@ -552,6 +556,7 @@ impl StreamState {
             writers: Vec::new(),
             top: None,
             index: None,
+            last: 0,
         }
     }
 
@@ -584,7 +589,14 @@ impl StreamState {
     /// `clock`, which moves on).
     #[inline(always)]
     pub(super) fn heard_from(&mut self, instance: &InstanceName, clock: &mut u64) -> Option<usize> {
-        let wi = self.writer_index(instance)?;
+        let wi = match self.writers.get_mut(self.last) {
+            Some(w) if w.name == *instance => self.last,
+            _ => {
+                let wi = self.writer_index(instance)?;
+                self.last = wi;
+                wi
+            }
+        };
         self.writers.get_mut(wi)?.heard = *clock;
         *clock += 1;
         Some(wi)
@@ -1435,6 +1447,55 @@ mod tests {
             fast_taken > 1000 && cases > 100_000,
             "{fast_taken} of {cases}"
         );
+    }
+
+    #[test]
+    fn the_last_writer_hint_never_finds_the_wrong_writer() {
+        // `heard_from` tries the writer last heard from first; removing
+        // writers (swap_remove) moves others under the hint, or leaves it
+        // past the end.
+        let name = |i: usize| {
+            InstanceName::from(if i.is_multiple_of(2) {
+                format!("w{i}")
+            } else {
+                format!("a_writer_name_too_long_to_be_inline_{i}")
+            })
+        };
+        for count in [1, 3, LINEAR_WRITERS + 4] {
+            let mut stream = StreamState::new(StreamName::Caches);
+            let mut present: Vec<usize> = (0..count).collect();
+            for &i in &present {
+                stream.add_writer(WriterState::new(name(i), false));
+            }
+            let mut clock = 0;
+            let check = |stream: &mut StreamState, present: &[usize], clock: &mut u64| {
+                for i in 0..count {
+                    let before = *clock;
+                    let found = stream.heard_from(&name(i), clock);
+                    assert_eq!(found, stream.writer_index(&name(i)), "{i} of {count}");
+                    assert_eq!(found.is_some(), present.contains(&i), "{i} of {count}");
+                    if let Some(wi) = found {
+                        assert_eq!(stream.writers[wi].name, name(i));
+                        assert_eq!(stream.writers[wi].heard, before);
+                        assert_eq!(*clock, before + 1);
+                        // Found again through the hint.
+                        assert_eq!(stream.heard_from(&name(i), clock), Some(wi));
+                    } else {
+                        assert_eq!(*clock, before);
+                    }
+                }
+            };
+            check(&mut stream, &present, &mut clock);
+            while let Some(&i) = present.get(present.len() / 2) {
+                // Hear from the writer about to go, and from the last one
+                // (which swap_remove moves into its place).
+                let wi = stream.heard_from(&name(i), &mut clock).unwrap();
+                assert!(stream.remove_writer(wi).is_some());
+                present.retain(|&p| p != i);
+                check(&mut stream, &present, &mut clock);
+            }
+            assert!(stream.writers.is_empty());
+        }
     }
 
     #[test]
