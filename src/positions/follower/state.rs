@@ -366,6 +366,20 @@ impl WriterState {
         }
     }
 
+    /// Whether a `batch` row of `len` bytes joins the writer's open batch
+    /// as it comes: the writer is connected and proven, the batch not
+    /// cut, and both limits leave room (else
+    /// [`StreamState::process_rdata_checked`] decides).
+    #[inline(always)]
+    fn batch_open_to(&self, len: usize, ctx: &Ctx) -> bool {
+        self.position.is_some()
+            && self.connected
+            && !self.batch_cut
+            && !self.unproven
+            && self.batch.len() < ctx.limits.max_batch_rows
+            && ctx.buffered_bytes.saturating_add(len) <= ctx.limits.max_buffered_bytes
+    }
+
     /// The rows of a numbered `row`: the open batch's, then it.
     #[inline(always)]
     fn take_rows(&mut self, row: RawRow, ctx: &mut Ctx) -> Rows {
@@ -690,10 +704,20 @@ impl StreamState {
     /// for the common case: none of the checks there can fire for it.
     #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
-        match self.in_order(wi, rdata.token, &ctx.limits) {
-            Some((token, position)) => self.apply_in_order(wi, token, position, rdata, ctx),
-            None => self.process_rdata_checked(wi, rdata, ctx),
+        if rdata.token.is_batch() {
+            if let Some(w) = self.writers.get_mut(wi) {
+                if w.batch_open_to(rdata.row.as_bytes().len(), ctx) {
+                    let len = rdata.row.as_bytes().len();
+                    ctx.buffered_bytes += len;
+                    w.batch_bytes += len;
+                    w.batch.push(rdata.row);
+                    return;
+                }
+            }
+        } else if let Some((token, position)) = self.in_order(wi, rdata.token, &ctx.limits) {
+            return self.apply_in_order(wi, token, position, rdata, ctx);
         }
+        self.process_rdata_checked(wi, rdata, ctx);
     }
 
     /// The token of writer `wi`'s row at `token`, and the writer's
@@ -1390,7 +1414,11 @@ mod tests {
                 for hole in [NO_HOLE, (Token(1), Token(5)), (Token(2), Token(3))] {
                     for top in [None, Some(5), Some(30)] {
                         for floor_print in [0, print, 7] {
-                            for jump in [1_000_000, 10] {
+                            for (jump, batch_limit, bytes_limit) in [
+                                (1_000_000, 10_000, 64 << 20),
+                                (10, 1, 64 << 20),
+                                (1_000_000, 10_000, 4),
+                            ] {
                                 for token in tokens {
                                     let build = || {
                                         let mut stream = StreamState::new(StreamName::Events);
@@ -1407,6 +1435,8 @@ mod tests {
                                             w.contested = Some(Box::new([print ^ 2, 0, 0, 0]));
                                         }
                                         let mut ctx = ctx(jump);
+                                        ctx.limits.max_batch_rows = batch_limit;
+                                        ctx.limits.max_buffered_bytes = bytes_limit;
                                         if flag(5) {
                                             w.batch.push(row("[0]"));
                                             w.batch_bytes = 3;
@@ -1431,7 +1461,7 @@ mod tests {
                                     assert_eq!(
                                         summary(&fast, &fast_ctx),
                                         summary(&checked, &checked_ctx),
-                                        "bits {bits:b} position {position:?} floor {floor} hole {hole:?} top {top:?} print {floor_print} jump {jump} token {token:?}"
+                                        "bits {bits:b} position {position:?} floor {floor} hole {hole:?} top {top:?} print {floor_print} jump {jump} batch {batch_limit} bytes {bytes_limit} token {token:?}"
                                     );
                                     assert!(fast_ctx.events.iter().eq(checked_ctx.events.iter()));
                                     cases += 1;
