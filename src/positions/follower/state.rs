@@ -781,6 +781,7 @@ impl StreamState {
     }
 
     /// [`StreamState::process_rdata`] with every rule.
+    #[cold]
     #[inline(never)]
     fn process_rdata_checked(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let top = self.top;
