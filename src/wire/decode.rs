@@ -536,6 +536,140 @@ fn redact_input(error: DecodeError) -> DecodeError {
 }
 
 fn decode_command(line: &Bytes) -> Result<Command, DecodeError> {
+    if let Some(command) = common_command(line) {
+        return Ok(command);
+    }
+    decode_any_command(line)
+}
+
+/// How a `USER_IP` line starts.
+const USER_IP: &[u8] = b"USER_IP ";
+
+/// How a `USER_SYNC` line starts.
+const USER_SYNC: &[u8] = b"USER_SYNC ";
+
+/// The commonest commands after `RDATA` and `POSITION`, as Synapse writes
+/// them, each read in one pass over the line with one UTF-8 check for all
+/// its text fields; `None` for anything else, which
+/// [`decode_any_command`] then reads (or refuses). What this returns,
+/// [`decode_any_command`] returns too.
+#[inline(always)]
+fn common_command(line: &Bytes) -> Option<Command> {
+    if line.starts_with(USER_IP) {
+        return user_ip_line(line).map(|user_ip| Command::UserIp(Box::new(user_ip)));
+    }
+    if line.starts_with(USER_SYNC) {
+        return user_sync_line(line).map(Command::UserSync);
+    }
+    None
+}
+
+/// The offsets of the first `N` spaces in `line` from `start`, found
+/// eight bytes at a time; `None` if there are fewer, or if a newline comes
+/// before the last of them.
+#[inline(always)]
+fn spaces<const N: usize>(line: &[u8], start: usize) -> Option<[usize; N]> {
+    let mut spaces = [0; N];
+    let mut found = 0;
+    let mut base = start;
+    while base < line.len() {
+        let mut marks = spaces_and_newlines(word_at(line, base));
+        while marks != 0 {
+            let at = base + marks.trailing_zeros() as usize / 8;
+            if line.get(at) != Some(&b' ') {
+                return None;
+            }
+            *spaces.get_mut(found)? = at;
+            found += 1;
+            if found == N {
+                return Some(spaces);
+            }
+            marks &= marks - 1;
+        }
+        base += 8;
+    }
+    None
+}
+
+/// Where `part` (a slice of `line`) starts in `line`.
+#[inline(always)]
+fn offset_in(line: &[u8], part: &[u8]) -> usize {
+    (part.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize)
+}
+
+/// `line[start..end]` as a slice of `text` (the whole line, known to be
+/// UTF-8): no UTF-8 check of its own.
+#[inline(always)]
+fn text_at(text: &ByteString, start: usize, end: usize) -> Option<ByteString> {
+    Some(text.slice_ref(text.get(start..end)?))
+}
+
+/// A `USER_IP` line whose data [`user_ip_fields`] reads, with a non-empty
+/// user id and no newline; `None` otherwise. (A newline in the data is a
+/// control character in a string, or not JSON that
+/// [`user_ip_fields`] reads.)
+#[inline(never)]
+fn user_ip_line(line: &Bytes) -> Option<UserIp> {
+    let start = USER_IP.len();
+    let [user_end] = spaces::<1>(line, start)?;
+    if user_end == start {
+        return None;
+    }
+    let data = line.get(user_end + 1..)?;
+    let ([token, ip, agent], device, last_seen) = user_ip_fields(data)?;
+    // Every byte outside the strings is ASCII: the line is UTF-8 if and
+    // only if they all are.
+    let text = ByteString::try_from(line.clone()).ok()?;
+    let field = |part: &[u8]| {
+        let from = offset_in(line, part);
+        text_at(&text, from, from.wrapping_add(part.len()))
+    };
+    Some(UserIp {
+        user_id: text_at(&text, start, user_end)?,
+        access_token: field(token)?,
+        ip: field(ip)?,
+        user_agent: field(agent)?,
+        device_id: match device {
+            Some(device) => Some(field(device)?),
+            None => None,
+        },
+        last_seen,
+    })
+}
+
+/// A `USER_SYNC` line with its five fields, none empty, and no newline;
+/// `None` otherwise.
+#[inline(never)]
+fn user_sync_line(line: &Bytes) -> Option<UserSync> {
+    let start = USER_SYNC.len();
+    let [instance_end, user_end, device_end, state_end] = spaces::<4>(line, start)?;
+    let is_syncing = match line.get(device_end + 1..state_end)? {
+        b"start" => true,
+        b"end" => false,
+        _ => return None,
+    };
+    // The last field has no newline if it is a number.
+    let last_sync_ms = parse_i64(line.get(state_end + 1..)?)?;
+    let instance = line.get(start..instance_end)?;
+    if instance.is_empty() || user_end == instance_end + 1 || device_end == user_end + 1 {
+        return None;
+    }
+    let instance_id = InstanceName::from_line(instance)?;
+    let text = ByteString::try_from(line.clone()).ok()?;
+    Some(UserSync {
+        instance_id,
+        user_id: text_at(&text, instance_end + 1, user_end)?,
+        device_id: match line.get(user_end + 1..device_end)? {
+            b"None" => None,
+            _ => Some(text_at(&text, user_end + 1, device_end)?),
+        },
+        is_syncing,
+        last_sync_ms,
+    })
+}
+
+/// Decodes any line but an `RDATA ` or a blank one.
+fn decode_any_command(line: &Bytes) -> Result<Command, DecodeError> {
     let (name_bytes, rest) = match line.iter().position(|b| *b == b' ') {
         Some(space) => (&line[..space], &line[space + 1..]),
         None => (&line[..], &line[line.len()..]),
@@ -1082,6 +1216,177 @@ mod user_ip_tests {
                     .map_err(|e| TestCaseError::fail(format!("serde_json refused it: {e}")))?;
                 prop_assert_eq!(fields, (token, ip, agent, device, last_seen));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod common_command_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What [`common_command`] reads, [`decode_any_command`] reads the
+    /// same; and it reads Synapse's lines.
+    fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
+        let line = Bytes::copy_from_slice(line);
+        let Some(fast) = common_command(&line) else {
+            return Ok(false);
+        };
+        match decode_any_command(&line) {
+            Ok(general) => prop_assert_eq!(fast, general),
+            Err(error) => {
+                return Err(TestCaseError::fail(format!(
+                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
+                )));
+            }
+        }
+        Ok(true)
+    }
+
+    #[test]
+    fn synapse_s_lines_take_the_fast_path() {
+        for line in [
+            &br#"USER_IP @a:x ["syt_abc","10.0.0.1","Mozilla/5.0 (X11)","DEVICE",1700000000000]"#[..],
+            br#"USER_IP @a:x ["t","::1","",null,-5]"#,
+            b"USER_IP @\xc3\xa9:x [\"t\xc3\xa9\",\"::1\",\"\xf0\x9f\x8d\x94\",null,5]",
+            b"USER_SYNC synchrotron1 @a:x DEVICE start 1700000000000",
+            b"USER_SYNC synchrotron1 @a:x None end 1",
+            "USER_SYNC sync\u{e9} @\u{e9}:x d\u{e9}v start -1".as_bytes(),
+        ] {
+            assert!(
+                matches!(agrees(line), Ok(true)),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        for line in [
+            &br#"USER_IP  ["t","::1","",null,5]"#[..],
+            br#"USER_IP @a:x ["t","::1","",null,5] "#,
+            b"USER_IP @a\n:x [\"t\",\"::1\",\"\",null,5]",
+            b"USER_IP @a:\xff [\"t\",\"::1\",\"\",null,5]",
+            b"USER_IP @a:x [\"t\xff\",\"::1\",\"\",null,5]",
+            b"USER_IP @a:x [\"t\",\"::1\",\"\xe9\",null,5]",
+            b"USER_SYNC  @a:x DEVICE start 1",
+            b"USER_SYNC s1  DEVICE start 1",
+            b"USER_SYNC s1 @a:x  start 1",
+            b"USER_SYNC s1 @a:x DEVICE stop 1",
+            b"USER_SYNC s1 @a:x DEVICE start 1 ",
+            b"USER_SYNC s1 @a:x DEVICE start 1\n",
+            b"USER_SYNC s1 @a:x DEV\nICE start 1",
+            b"USER_SYNC s1 @a:\xff DEVICE start 1",
+            b"USER_SYNC s\xff @a:x DEVICE start 1",
+            b"USER_SYNC s1 @a:x DEVICE start",
+        ] {
+            assert!(
+                matches!(agrees(line), Ok(false)),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+    }
+
+    /// Text around the fast paths' boundaries: every length across a few
+    /// words, spaces, newlines, non-ASCII and invalid UTF-8.
+    fn field() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            12 => "[a-z@:._]{0,20}".prop_map(String::into_bytes),
+            1 => "[a-z é\n\u{1f354}]{0,20}".prop_map(String::into_bytes),
+            1 => prop::collection::vec(any::<u8>(), 0..20),
+            1 => Just(b"None".to_vec()),
+        ]
+    }
+
+    fn json_string() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            12 => field().prop_map(|f| [&b"\""[..], &f, b"\""].concat()),
+            1 => Just(b"null".to_vec()),
+            1 => Just(b"\"a\\u00e9\"".to_vec()),
+        ]
+    }
+
+    fn number() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            6 => (-(1i64 << 50)..1 << 50).prop_map(|n| n.to_string().into_bytes()),
+            1 => any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+            1 => Just(b"start".to_vec()),
+            1 => Just(b"end".to_vec()),
+            1 => "[0-9 \n-]{0,20}".prop_map(String::into_bytes),
+        ]
+    }
+
+    fn user_ip() -> impl Strategy<Value = Vec<u8>> {
+        (
+            field(),
+            prop::collection::vec(json_string(), 4),
+            number(),
+            prop_oneof![4 => Just(&b""[..]), 1 => Just(&b" "[..]), 1 => Just(&b"\n"[..])],
+        )
+            .prop_map(|(user, strings, number, tail)| {
+                let mut line = b"USER_IP ".to_vec();
+                line.extend_from_slice(&user);
+                line.extend_from_slice(b" [");
+                for string in &strings {
+                    line.extend_from_slice(string);
+                    line.push(b',');
+                }
+                line.extend_from_slice(&number);
+                line.push(b']');
+                line.extend_from_slice(tail);
+                line
+            })
+    }
+
+    fn user_sync() -> impl Strategy<Value = Vec<u8>> {
+        (
+            prop::collection::vec(field(), 3),
+            prop_oneof![Just(&b"start"[..]), Just(&b"end"[..]), Just(&b"en"[..])],
+            number(),
+        )
+            .prop_map(|(fields, state, number)| {
+                let mut line = b"USER_SYNC".to_vec();
+                for field in fields.iter().map(Vec::as_slice).chain([state, &number]) {
+                    line.push(b' ');
+                    line.extend_from_slice(field);
+                }
+                line
+            })
+    }
+
+    /// The properties below test something: their inputs take the fast
+    /// paths often, and fall back often.
+    #[test]
+    fn the_inputs_take_both_paths() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        for strategy in [user_ip().boxed(), user_sync().boxed()] {
+            let fast = (0..1000)
+                .filter(|_| {
+                    let line = strategy
+                        .new_tree(&mut runner)
+                        .map(|tree| tree.current())
+                        .unwrap_or_default();
+                    common_command(&Bytes::from(line)).is_some()
+                })
+                .count();
+            assert!(
+                (50..950).contains(&fast),
+                "{fast} of 1000 took the fast path"
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn user_ip_reads_as_the_general_path(line in user_ip()) {
+            agrees(&line)?;
+        }
+
+        #[test]
+        fn user_sync_reads_as_the_general_path(line in user_sync()) {
+            agrees(&line)?;
         }
     }
 }
