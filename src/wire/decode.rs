@@ -973,6 +973,106 @@ const fn eight_digits(word: u64) -> Option<u64> {
 /// ends the line), so no reference count is touched.
 #[inline(always)]
 fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
+    match rdata_fields_fast(&line) {
+        Some((stream, instance, token, row_start)) => {
+            let mut row = line;
+            row.advance(row_start);
+            Ok(Rdata {
+                stream,
+                instance,
+                token,
+                row: RawRow::from_validated(row),
+            })
+        }
+        None => decode_rdata_general(line),
+    }
+}
+
+/// [`rdata_fields`] for the lines Synapse writes: a known stream, a
+/// writer's name and a token each found with one word read where they are
+/// short, and a valid row; `None` for any other line, which
+/// [`rdata_fields`] then reads (or refuses). What this returns,
+/// [`rdata_fields`] returns too.
+#[inline(always)]
+fn rdata_fields_fast(line: &[u8]) -> Option<(StreamName, InstanceName, RdataToken, usize)> {
+    let start = RDATA.len();
+    // A known name holds neither a space nor a newline: the first space
+    // ends it.
+    let stream_end = next_space(line, start)?;
+    let stream = StreamName::known_bytes(line.get(start..stream_end)?)?;
+    let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
+    let (token, token_end) = rdata_token(line, instance_end + 1)?;
+    json::validate_row(line.get(token_end + 1..)?).ok()?;
+    Some((stream, instance, token, token_end + 1))
+}
+
+/// The first space or newline in `line` from `at`, eight bytes at a time.
+#[inline(always)]
+fn next_mark(line: &[u8], mut at: usize) -> Option<usize> {
+    while at < line.len() {
+        let marks = spaces_and_newlines(word_at(line, at));
+        if marks != 0 {
+            return Some(at + marks.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    None
+}
+
+/// The non-empty field at `start` ended by a space (not a newline): the
+/// first word of the line from `start`, and the field's end; a name of
+/// up to seven bytes is in that word, zero past it.
+#[inline(always)]
+fn short_field(line: &[u8], start: usize) -> Option<(u64, usize)> {
+    let word = word_at(line, start);
+    let marks = spaces_and_newlines(word);
+    let end = if marks != 0 {
+        start + marks.trailing_zeros() as usize / 8
+    } else {
+        next_mark(line, start + 8)?
+    };
+    if end == start || line.get(end) != Some(&b' ') {
+        return None;
+    }
+    Some((word, end))
+}
+
+/// The writer's name of an `RDATA` line, from `start`, and its end.
+#[inline(always)]
+fn rdata_instance(line: &[u8], start: usize) -> Option<(InstanceName, usize)> {
+    let (word, end) = short_field(line, start)?;
+    let len = end - start;
+    let name = match len {
+        ..8 => InstanceName::from_word(word & (u64::MAX >> (64 - 8 * len)), len),
+        _ => None,
+    };
+    match name {
+        Some(name) => Some((name, end)),
+        None => Some((InstanceName::from_line(line.get(start..end)?)?, end)),
+    }
+}
+
+/// The token of an `RDATA` line, from `start`, and its end.
+#[inline(always)]
+fn rdata_token(line: &[u8], start: usize) -> Option<(RdataToken, usize)> {
+    const BATCH: u64 = u64::from_le_bytes(*b"batch\0\0\0");
+    let (word, end) = short_field(line, start)?;
+    let len = end - start;
+    if len >= 8 {
+        return Some((RdataToken::At(Token(token_at(line, start, end)?)), end));
+    }
+    let shift = 8 * (8 - len) as u32;
+    if len == 5 && word << shift >> shift == BATCH {
+        return Some((RdataToken::Batch, end));
+    }
+    // As in `token_at`: the token in the high bytes, `0`s below it.
+    let digits = word << shift | (ONES * u64::from(b'0')) >> (64 - shift);
+    Some((RdataToken::At(Token(eight_digits(digits)? as i64)), end))
+}
+
+/// [`decode_rdata`] for the lines [`rdata_fields_fast`] does not read.
+#[inline(never)]
+fn decode_rdata_general(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields(&line) {
         Ok((stream, instance, token, row_start)) => {
             let mut row = line;
@@ -1386,6 +1486,157 @@ mod common_command_tests {
 
         #[test]
         fn user_sync_reads_as_the_general_path(line in user_sync()) {
+            agrees(&line)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod rdata_fast_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What [`rdata_fields_fast`] reads, [`rdata_fields`] reads the same.
+    fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
+        let line = Bytes::copy_from_slice(line);
+        let Some(fast) = rdata_fields_fast(&line) else {
+            return Ok(false);
+        };
+        match rdata_fields(&line) {
+            Ok(general) => prop_assert_eq!(fast, general),
+            Err(error) => {
+                return Err(TestCaseError::fail(format!(
+                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
+                )));
+            }
+        }
+        Ok(true)
+    }
+
+    /// Every length of writer's name and token across the word sizes,
+    /// with and without a non-ASCII or non-digit byte at each place.
+    #[test]
+    fn every_length_of_name_and_token() {
+        let fast = |line: &[u8]| agrees(line).unwrap_or_else(|e| panic!("{e}"));
+        for len in 1..=24 {
+            let name = "abcdefghijklmnopqrstuvwxyz".get(..len).unwrap_or_default();
+            let line = format!("RDATA events {name} 12 [1]");
+            assert!(fast(line.as_bytes()), "{line}");
+            for at in 0..len {
+                let mut other = name.as_bytes().to_vec();
+                other[at] = 0xe9;
+                fast(&[&b"RDATA events "[..], &other, b" 12 [1]"].concat());
+                let mut other = name.to_owned();
+                other.replace_range(at..=at, "\u{e9}");
+                assert!(fast(format!("RDATA events {other} 12 [1]").as_bytes()));
+                let mut other = name.to_owned();
+                other.replace_range(at..=at, "\n");
+                assert!(!fast(format!("RDATA events {other} 12 [1]").as_bytes()));
+            }
+        }
+        for len in 1..=19 {
+            let token = "9123456789012345678".get(..len).unwrap_or_default();
+            let line = format!("RDATA caches master {token} [1]");
+            assert!(fast(line.as_bytes()), "{line}");
+            for at in 0..len {
+                for byte in ["-", "+", "a", "/", ":", "\n", "\u{e9}", "_"] {
+                    let mut other = token.to_owned();
+                    other.replace_range(at..=at, byte);
+                    fast(format!("RDATA caches master {other} [1]").as_bytes());
+                }
+            }
+        }
+        for token in [
+            "batch", "batc", "batchx", "Batch", "batch\n", "-1", "-0", "0",
+        ] {
+            fast(format!("RDATA caches master {token} [1]").as_bytes());
+        }
+        assert!(fast(b"RDATA caches master batch [1]"));
+        for line in [
+            &b"RDATA caches master 1 [1"[..],
+            b"RDATA caches master 1 [1]\n",
+            b"RDATA caches  1 [1]",
+            b"RDATA caches master  [1]",
+            b"RDATA caches\nmaster 1 [1]",
+            b"RDATA caches master\n1 [1]",
+            b"RDATA caches master 1\n[1]",
+            b"RDATA new_stream master 1 [1]",
+            b"RDATA  master 1 [1]",
+            b"RDATA caches master 1",
+            b"RDATA caches master",
+        ] {
+            assert!(!fast(line), "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    fn field() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            8 => "[a-z_0-9]{0,20}".prop_map(String::into_bytes),
+            1 => "[a-z é\n\u{1f354}]{0,12}".prop_map(String::into_bytes),
+            1 => prop::collection::vec(any::<u8>(), 0..12),
+        ]
+    }
+
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let stream = prop_oneof![
+            6 => prop::sample::select(StreamName::KNOWN.to_vec())
+                .prop_map(|s| s.as_str().as_bytes().to_vec()),
+            1 => field(),
+        ];
+        let token = prop_oneof![
+            4 => any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+            4 => (0i64..100_000_000).prop_map(|n| n.to_string().into_bytes()),
+            1 => Just(b"batch".to_vec()),
+            1 => field(),
+        ];
+        let row = prop_oneof![
+            4 => Just(&b"[1]"[..]),
+            1 => Just(&b"{\"a\":[null]} "[..]),
+            1 => Just(&b"[1"[..]),
+            1 => Just(&b"[\"\n\"]"[..]),
+        ];
+        (stream, field(), token, row).prop_map(|(stream, instance, token, row)| {
+            [
+                &b"RDATA "[..],
+                &stream,
+                b" ",
+                &instance,
+                b" ",
+                &token,
+                b" ",
+                row,
+            ]
+            .concat()
+        })
+    }
+
+    /// The property below tests something: its inputs take the fast path
+    /// often, and fall back often.
+    #[test]
+    fn the_inputs_take_both_paths() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let fast = (0..1000)
+            .filter(|_| {
+                let line = line()
+                    .new_tree(&mut runner)
+                    .map(|tree| tree.current())
+                    .unwrap_or_default();
+                rdata_fields_fast(&line).is_some()
+            })
+            .count();
+        assert!(
+            (50..950).contains(&fast),
+            "{fast} of 1000 took the fast path"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn rdata_reads_as_the_general_path(line in line()) {
             agrees(&line)?;
         }
     }

@@ -250,6 +250,23 @@ impl InstanceName {
         Self::shared(name)
     }
 
+    /// A name of `len` (at most eight) ASCII bytes, given as the
+    /// little-endian word that holds it, zero past the name; `None` if
+    /// the name is not ASCII. As [`InstanceName::from_line`] reads the
+    /// same bytes.
+    #[inline(always)]
+    pub(crate) fn from_word(word: u64, len: usize) -> Option<Self> {
+        if word & 0x8080_8080_8080_8080 != 0 || len > 8 {
+            return None;
+        }
+        let mut bytes = [0; INLINE];
+        bytes[..8].copy_from_slice(&word.to_le_bytes());
+        Some(InstanceName(Repr::Inline {
+            len: len as u8,
+            bytes: Inline(bytes),
+        }))
+    }
+
     /// A name too long to store inline, or `None` if it is not UTF-8.
     #[cold]
     fn shared(name: &[u8]) -> Option<Self> {
