@@ -1019,19 +1019,26 @@ fn next_mark(line: &[u8], mut at: usize) -> Option<usize> {
     None
 }
 
-/// The non-empty field at `start` ended by a space (not a newline): the
-/// first word of the line from `start`, and the field's end; a name of
-/// up to seven bytes is in that word, zero past it.
+/// The non-empty field at `start` ended by a space: the first word of
+/// the line from `start` (a field of up to seven bytes is in its low
+/// bytes), and the field's end. `None` if a newline ends the field, or
+/// any other control character is in its first word.
 #[inline(always)]
 fn short_field(line: &[u8], start: usize) -> Option<(u64, usize)> {
     let word = word_at(line, start);
-    let marks = spaces_and_newlines(word);
-    let end = if marks != 0 {
-        start + marks.trailing_zeros() as usize / 8
-    } else {
-        next_mark(line, start + 8)?
-    };
-    if end == start || line.get(end) != Some(&b' ') {
+    // The high bit of the first byte below `!` (a space, a control
+    // character, or past the end of the line) is set, exactly: no borrow
+    // reaches it.
+    let low = word.wrapping_sub(ONES * 0x21) & !word & HIGHS;
+    if low != 0 {
+        let len = low.trailing_zeros() as usize / 8;
+        if len == 0 || (word >> (8 * len)) as u8 != b' ' {
+            return None;
+        }
+        return Some((word, start + len));
+    }
+    let end = next_mark(line, start + 8)?;
+    if line.get(end) != Some(&b' ') {
         return None;
     }
     Some((word, end))
