@@ -369,6 +369,24 @@ fn parse_i64(text: &[u8]) -> Option<i64> {
     if digits.is_empty() {
         return None;
     }
+    // Eight to sixteen digits (timestamps in ms have thirteen), eight
+    // bytes at a time: the last eight, and those before them in the high
+    // bytes of the first eight's word, `0`s below them.
+    if let (Some(first), Some(last), 8..=16) = (
+        digits.first_chunk::<8>(),
+        digits.last_chunk::<8>(),
+        digits.len(),
+    ) {
+        let shift = 8 * (16 - digits.len()) as u32;
+        let high = u64::from_le_bytes(*first).checked_shl(shift).unwrap_or(0)
+            | (ONES * u64::from(b'0'))
+                .checked_shr(64 - shift)
+                .unwrap_or(0);
+        let value = eight_digits(high)? * 100_000_000 + eight_digits(u64::from_le_bytes(*last))?;
+        // Below 10^16: no overflow.
+        let value = value as i64;
+        return Some(if negative { -value } else { value });
+    }
     // Eighteen digits cannot overflow: no checks but for digits.
     if digits.len() <= 18 {
         let mut value: i64 = 0;
@@ -1645,6 +1663,54 @@ mod rdata_fast_tests {
         #[test]
         fn rdata_reads_as_the_general_path(line in line()) {
             agrees(&line)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod parse_i64_tests {
+    use proptest::prelude::*;
+
+    use super::parse_i64;
+
+    /// `-?[0-9]+` within `i64`, the slow way.
+    fn reference(text: &[u8]) -> Option<i64> {
+        let digits = text.strip_prefix(b"-").unwrap_or(text);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(text).ok()?.parse().ok()
+    }
+
+    #[test]
+    fn every_length_and_every_wrong_byte() {
+        for len in 0..=20 {
+            let digits = &"98765432109876543210"[..len];
+            for sign in ["", "-", "+"] {
+                let text = format!("{sign}{digits}");
+                assert_eq!(
+                    parse_i64(text.as_bytes()),
+                    reference(text.as_bytes()),
+                    "{text}"
+                );
+                for at in 0..len {
+                    for byte in [b'/', b':', b' ', b'-', 0xb0, 0x30 + 0x80, 0] {
+                        let mut text = text.clone().into_bytes();
+                        text[sign.len() + at] = byte;
+                        assert_eq!(parse_i64(&text), reference(&text), "{text:?}");
+                    }
+                }
+            }
+        }
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn reads_as_the_reference(text in "-?[0-9]{0,20}|[0-9/: +-]{0,20}") {
+            prop_assert_eq!(parse_i64(text.as_bytes()), reference(text.as_bytes()));
         }
     }
 }
