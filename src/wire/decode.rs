@@ -839,6 +839,39 @@ const POSITION: &[u8] = b"POSITION ";
 /// Decodes a `POSITION` line, as [`decode_command`] would.
 #[inline(never)]
 fn decode_position(line: &Bytes) -> Result<Position, DecodeError> {
+    match position_fast(line) {
+        Some(position) => Ok(position),
+        None => decode_position_general(line),
+    }
+}
+
+/// A `POSITION` line as Synapse writes it, read as [`rdata_fields_fast`]
+/// reads an `RDATA` header (the new token ends the line); `None` for any
+/// other line, which [`decode_position_general`] then reads (or
+/// refuses). What this returns, [`decode_position_general`] returns too.
+#[inline(always)]
+fn position_fast(line: &[u8]) -> Option<Position> {
+    let start = POSITION.len();
+    // A known name holds neither a space nor a newline: the first space
+    // ends it.
+    let stream_end = next_space(line, start)?;
+    let stream = StreamName::known_bytes(line.get(start..stream_end)?)?;
+    let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
+    let (RdataToken::At(prev_token), prev_end) = rdata_token(line, instance_end + 1)? else {
+        return None;
+    };
+    // A token is digits: no newline.
+    let new_token = Token(token_at(line, prev_end + 1, line.len())?);
+    Some(Position {
+        stream,
+        instance,
+        prev_token,
+        new_token,
+    })
+}
+
+/// [`decode_position`] for the lines [`position_fast`] does not read.
+fn decode_position_general(line: &Bytes) -> Result<Position, DecodeError> {
     let kind = CommandKind::Position;
     if line
         .get(POSITION.len()..)
@@ -1711,6 +1744,137 @@ mod parse_i64_tests {
         #[test]
         fn reads_as_the_reference(text in "-?[0-9]{0,20}|[0-9/: +-]{0,20}") {
             prop_assert_eq!(parse_i64(text.as_bytes()), reference(text.as_bytes()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod position_fast_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What [`position_fast`] reads, [`decode_position_general`] reads the
+    /// same.
+    fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
+        let line = Bytes::copy_from_slice(line);
+        let Some(fast) = position_fast(&line) else {
+            return Ok(false);
+        };
+        match decode_position_general(&line) {
+            Ok(general) => prop_assert_eq!(fast, general),
+            Err(error) => {
+                return Err(TestCaseError::fail(format!(
+                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
+                )));
+            }
+        }
+        Ok(true)
+    }
+
+    #[test]
+    fn every_length_of_token() {
+        let fast = |line: &[u8]| agrees(line).unwrap_or_else(|e| panic!("{e}"));
+        for len in 1..=19 {
+            let token = "9123456789012345678".get(..len).unwrap_or_default();
+            for line in [
+                format!("POSITION events master {token} 12"),
+                format!("POSITION events master 12 {token}"),
+                format!("POSITION events event_persister1 {token} {token}"),
+            ] {
+                assert!(fast(line.as_bytes()), "{line}");
+            }
+            for at in 0..len {
+                for byte in ["-", "+", "a", "/", ":", "\n", " ", "\u{e9}", "_"] {
+                    let mut other = token.to_owned();
+                    other.replace_range(at..=at, byte);
+                    fast(format!("POSITION caches master {other} 1").as_bytes());
+                    fast(format!("POSITION caches master 1 {other}").as_bytes());
+                }
+            }
+        }
+        for line in [
+            &b"POSITION caches master batch 1"[..],
+            b"POSITION caches master 1 batch",
+            b"POSITION caches master 1 2 ",
+            b"POSITION caches master 1 2\n",
+            b"POSITION caches master 1 2 3",
+            b"POSITION caches master 1 ",
+            b"POSITION caches master 1",
+            b"POSITION caches  1 2",
+            b"POSITION caches ma\nster 1 2",
+            b"POSITION caches\n master 1 2",
+            b"POSITION new_stream master 1 2",
+            b"POSITION caches m\xff 1 2",
+        ] {
+            assert!(!fast(line), "{}", String::from_utf8_lossy(line));
+        }
+        assert!(fast("POSITION caches m\u{e9} 1 2".as_bytes()));
+    }
+
+    fn field() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            8 => "[a-z_0-9]{0,20}".prop_map(String::into_bytes),
+            1 => "[a-z é\n\u{1f354}]{0,12}".prop_map(String::into_bytes),
+            1 => prop::collection::vec(any::<u8>(), 0..12),
+        ]
+    }
+
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let stream = prop_oneof![
+            6 => prop::sample::select(StreamName::KNOWN.to_vec())
+                .prop_map(|s| s.as_str().as_bytes().to_vec()),
+            1 => field(),
+        ];
+        let token = || {
+            prop_oneof![
+                4 => any::<i64>().prop_map(|n| n.to_string().into_bytes()),
+                4 => (0i64..100_000_000).prop_map(|n| n.to_string().into_bytes()),
+                1 => field(),
+            ]
+        };
+        (stream, field(), token(), token()).prop_map(|(stream, instance, prev, new)| {
+            [
+                &b"POSITION "[..],
+                &stream,
+                b" ",
+                &instance,
+                b" ",
+                &prev,
+                b" ",
+                &new,
+            ]
+            .concat()
+        })
+    }
+
+    /// The property below tests something: its inputs take the fast path
+    /// often, and fall back often.
+    #[test]
+    fn the_inputs_take_both_paths() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let fast = (0..1000)
+            .filter(|_| {
+                let line = line()
+                    .new_tree(&mut runner)
+                    .map(|tree| tree.current())
+                    .unwrap_or_default();
+                position_fast(&line).is_some()
+            })
+            .count();
+        assert!(
+            (50..950).contains(&fast),
+            "{fast} of 1000 took the fast path"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn position_reads_as_the_general_path(line in line()) {
+            agrees(&line)?;
         }
     }
 }
