@@ -852,10 +852,7 @@ fn decode_position(line: &Bytes) -> Result<Position, DecodeError> {
 #[inline(always)]
 fn position_fast(line: &[u8]) -> Option<Position> {
     let start = POSITION.len();
-    // A known name holds neither a space nor a newline: the first space
-    // ends it.
-    let stream_end = next_space(line, start)?;
-    let stream = StreamName::known_bytes(line.get(start..stream_end)?)?;
+    let (stream, stream_end) = known_stream(line, start)?;
     let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
     let (RdataToken::At(prev_token), prev_end) = rdata_token(line, instance_end + 1)? else {
         return None;
@@ -1047,14 +1044,29 @@ fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
 #[inline(always)]
 fn rdata_fields_fast(line: &[u8]) -> Option<(StreamName, InstanceName, RdataToken, usize)> {
     let start = RDATA.len();
-    // A known name holds neither a space nor a newline: the first space
-    // ends it.
-    let stream_end = next_space(line, start)?;
-    let stream = StreamName::known_bytes(line.get(start..stream_end)?)?;
+    let (stream, stream_end) = known_stream(line, start)?;
     let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
     let (token, token_end) = rdata_token(line, instance_end + 1)?;
     json::validate_row(line.get(token_end + 1..)?).ok()?;
     Some((stream, instance, token, token_end + 1))
+}
+
+/// The known stream whose name starts `line` at `start` and is followed
+/// by a space, and where it ends; a short name is compared as a word.
+#[inline(always)]
+fn known_stream(line: &[u8], start: usize) -> Option<(StreamName, usize)> {
+    // A known name holds no space, newline or other control character:
+    // the first such byte ends it.
+    let (word, end) = short_field(line, start)?;
+    let len = end - start;
+    let stream = match len {
+        1..8 => StreamName::known_word(word & (u64::MAX >> (64 - 8 * len))),
+        _ => None,
+    };
+    match stream {
+        Some(stream) => Some((stream, end)),
+        None => Some((StreamName::known_bytes(line.get(start..end)?)?, end)),
+    }
 }
 
 /// The first space or newline in `line` from `at`, eight bytes at a time.

@@ -37,6 +37,20 @@ macro_rules! stream_names {
                 Self::known_bytes(name.as_bytes())
             }
 
+            /// [`StreamName::known`] for a name of up to seven bytes, none
+            /// zero, given as the little-endian word that holds it, zero past
+            /// it: a comparison of words for each short known name. `None`
+            /// for any other word.
+            #[inline(always)]
+            pub(crate) fn known_word(word: u64) -> Option<StreamName> {
+                $(
+                    if $bytes.len() < 8 && word == const { short_word($bytes) } {
+                        return Some(StreamName::$variant);
+                    }
+                )*
+                None
+            }
+
             /// [`StreamName::known`] on raw bytes: the decoder's hot path,
             /// which needs no UTF-8 check since every known name is ASCII.
             #[inline(always)]
@@ -48,6 +62,21 @@ macro_rules! stream_names {
             }
         }
     };
+}
+
+/// `name` as a little-endian word, zero past it, if it has fewer than
+/// eight bytes; else a word no such name gives (its high byte is not zero).
+const fn short_word(name: &[u8]) -> u64 {
+    if name.len() >= 8 {
+        return u64::MAX;
+    }
+    let mut word = 0;
+    let mut at = name.len();
+    while at > 0 {
+        at -= 1;
+        word = word << 8 | name[at] as u64;
+    }
+    word
 }
 
 stream_names! {
@@ -396,6 +425,41 @@ impl fmt::Display for InstanceName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_stream_names_are_known_by_their_word() {
+        let mut short = 0;
+        for stream in StreamName::KNOWN {
+            let name = stream.as_str().as_bytes();
+            if name.len() < 8 {
+                short += 1;
+                assert_eq!(
+                    StreamName::known_word(short_word(name)).as_ref(),
+                    Some(stream)
+                );
+            }
+            // Any other word of a name's bytes, shorter, longer or
+            // changed, is not a known name.
+            for len in 1..name.len().min(8) {
+                let word = short_word(&name[..len]);
+                assert_eq!(
+                    StreamName::known_word(word),
+                    StreamName::known_bytes(&name[..len])
+                );
+            }
+            for at in 0..name.len().min(7) {
+                let mut other = name[..name.len().min(7)].to_vec();
+                other[at] ^= 0x20;
+                assert_eq!(
+                    StreamName::known_word(short_word(&other)),
+                    StreamName::known_bytes(&other)
+                );
+            }
+        }
+        assert_eq!(short, 4, "events, typing, caches, pushers");
+        assert_eq!(StreamName::known_word(0), None);
+        assert_eq!(StreamName::known_word(u64::MAX), None);
+    }
 
     #[test]
     fn short_and_long_names_behave_alike() {
