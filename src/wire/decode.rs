@@ -438,6 +438,35 @@ where
 /// `last_seen`.
 type UserIpFields<'a> = ([&'a [u8]; 3], Option<&'a [u8]>, i64);
 
+/// A string without escapes or control characters at `at` (on its
+/// opening quote), and the offset after its closing quote.
+fn json_string(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let body = data.get(at..)?.strip_prefix(b"\"")?;
+    // Eight bytes at a time to the first quote, backslash, control
+    // or non-ASCII byte (past the end, words read as zeros: control
+    // characters).
+    let mut len = 0;
+    loop {
+        let special = json::ascii_string_specials(word_at(body, len));
+        if special != 0 {
+            len += special.trailing_zeros() as usize / 8;
+            break;
+        }
+        len += 8;
+    }
+    if body.get(len) != Some(&b'"') {
+        // Non-ASCII text, or the end: byte by byte.
+        len += body
+            .get(len..)?
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if body.get(len) != Some(&b'"') {
+            return None;
+        }
+    }
+    Some((body.get(..len)?, at + len + 2))
+}
+
 /// `USER_IP`'s JSON data as Synapse writes it, compact and without
 /// escapes: `["<token>","<ip>","<agent>",null|"<device>",<last_seen>]`,
 /// read without serde_json. `None` for anything else (whitespace, an
@@ -445,44 +474,16 @@ type UserIpFields<'a> = ([&'a [u8]; 3], Option<&'a [u8]>, i64);
 /// what this accepts (its strings being UTF-8) reads exactly as
 /// serde_json reads it.
 fn user_ip_fields(data: &[u8]) -> Option<UserIpFields<'_>> {
-    /// A string without escapes or control characters at `at` (on its
-    /// opening quote), and the offset after its closing quote.
-    fn string(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
-        let body = data.get(at..)?.strip_prefix(b"\"")?;
-        // Eight bytes at a time to the first quote, backslash, control
-        // or non-ASCII byte (past the end, words read as zeros: control
-        // characters).
-        let mut len = 0;
-        loop {
-            let special = json::ascii_string_specials(word_at(body, len));
-            if special != 0 {
-                len += special.trailing_zeros() as usize / 8;
-                break;
-            }
-            len += 8;
-        }
-        if body.get(len) != Some(&b'"') {
-            // Non-ASCII text, or the end: byte by byte.
-            len += body
-                .get(len..)?
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-            if body.get(len) != Some(&b'"') {
-                return None;
-            }
-        }
-        Some((body.get(..len)?, at + len + 2))
-    }
     let expect = |at: usize, byte: u8| (data.get(at) == Some(&byte)).then_some(at + 1);
     let at = expect(0, b'[')?;
-    let (token, at) = string(data, at)?;
-    let (ip, at) = string(data, expect(at, b',')?)?;
-    let (agent, at) = string(data, expect(at, b',')?)?;
+    let (token, at) = json_string(data, at)?;
+    let (ip, at) = json_string(data, expect(at, b',')?)?;
+    let (agent, at) = json_string(data, expect(at, b',')?)?;
     let at = expect(at, b',')?;
     let (device, at) = match data.get(at..)?.strip_prefix(b"null") {
         Some(_) => (None, at + 4),
         None => {
-            let (device, at) = string(data, at)?;
+            let (device, at) = json_string(data, at)?;
             (Some(device), at)
         }
     };
@@ -579,7 +580,66 @@ fn common_command(line: &Bytes) -> Option<Command> {
     if line.starts_with(USER_SYNC) {
         return user_sync_line(line).map(Command::UserSync);
     }
+    if line.starts_with(FEDERATION_ACK) {
+        return federation_ack_line(line).map(Command::FederationAck);
+    }
+    if line.starts_with(LOCK_RELEASED) {
+        return lock_released_line(line).map(Command::LockReleased);
+    }
     None
+}
+
+/// How a `FEDERATION_ACK` line starts.
+const FEDERATION_ACK: &[u8] = b"FEDERATION_ACK ";
+
+/// How a `LOCK_RELEASED` line starts.
+const LOCK_RELEASED: &[u8] = b"LOCK_RELEASED ";
+
+/// A `FEDERATION_ACK` line with a non-empty name and a token, and no
+/// newline; `None` otherwise.
+#[inline(never)]
+fn federation_ack_line(line: &Bytes) -> Option<FederationAck> {
+    let start = FEDERATION_ACK.len();
+    let [instance_end] = spaces::<1>(line, start)?;
+    // The token has no space or newline if it is a number.
+    let token = Token(parse_i64(line.get(instance_end + 1..)?)?);
+    let instance = line.get(start..instance_end)?;
+    if instance.is_empty() {
+        return None;
+    }
+    Some(FederationAck {
+        instance: InstanceName::from_line(instance)?,
+        token,
+    })
+}
+
+/// A `LOCK_RELEASED` line whose data is three strings as Synapse writes
+/// them, compact, without escapes or control characters (so without a
+/// newline): `["<instance>","<lock_name>","<lock_key>"]`; `None`
+/// otherwise. serde_json reads such data as these three strings.
+#[inline(never)]
+fn lock_released_line(line: &Bytes) -> Option<LockReleased> {
+    let data = line.get(LOCK_RELEASED.len()..)?;
+    let expect = |at: usize, byte: u8| (data.get(at) == Some(&byte)).then_some(at + 1);
+    let (instance, at) = json_string(data, expect(0, b'[')?)?;
+    let (lock_name, at) = json_string(data, expect(at, b',')?)?;
+    let (lock_key, at) = json_string(data, expect(at, b',')?)?;
+    if expect(at, b']')? != data.len() {
+        return None;
+    }
+    // Every byte outside the strings is ASCII: the line is UTF-8 if and
+    // only if they all are.
+    let text = ByteString::try_from(line.clone()).ok()?;
+    let field = |part: &[u8]| {
+        let from = offset_in(line, part);
+        text_at(&text, from, from.wrapping_add(part.len()))
+    };
+    let instance = field(instance)?;
+    Some(LockReleased {
+        instance: InstanceName::from(&*instance),
+        lock_name: field(lock_name)?,
+        lock_key: field(lock_key)?,
+    })
 }
 
 /// The offsets of the first `N` spaces in `line` from `start`, found
@@ -1422,6 +1482,11 @@ mod common_command_tests {
             b"USER_IP @\xc3\xa9:x [\"t\xc3\xa9\",\"::1\",\"\xf0\x9f\x8d\x94\",null,5]",
             b"USER_SYNC synchrotron1 @a:x DEVICE start 1700000000000",
             b"USER_SYNC synchrotron1 @a:x None end 1",
+            b"FEDERATION_ACK federation_sender1 1700000000000",
+            b"FEDERATION_ACK f\xc3\xa9 -1",
+            br#"LOCK_RELEASED ["w1","new_event_lock","!room:x"]"#,
+            br#"LOCK_RELEASED ["","",""]"#,
+            b"LOCK_RELEASED [\"w\xc3\xa9\",\"\xf0\x9f\x8d\x94\",\"k\"]",
             "USER_SYNC sync\u{e9} @\u{e9}:x d\u{e9}v start -1".as_bytes(),
         ] {
             assert!(
@@ -1447,6 +1512,18 @@ mod common_command_tests {
             b"USER_SYNC s1 @a:\xff DEVICE start 1",
             b"USER_SYNC s\xff @a:x DEVICE start 1",
             b"USER_SYNC s1 @a:x DEVICE start",
+            b"FEDERATION_ACK  1",
+            b"FEDERATION_ACK f1 1 2",
+            b"FEDERATION_ACK f1 1\n",
+            b"FEDERATION_ACK f\n1 1",
+            b"FEDERATION_ACK f\xff 1",
+            b"FEDERATION_ACK f1",
+            br#"LOCK_RELEASED ["w1","l","k"] "#,
+            br#"LOCK_RELEASED ["w1","l","k","x"]"#,
+            br#"LOCK_RELEASED ["w1","l\u00e9","k"]"#,
+            br#"LOCK_RELEASED [ "w1","l","k"]"#,
+            b"LOCK_RELEASED [\"w1\",\"l\xff\",\"k\"]",
+            b"LOCK_RELEASED [\"w1\",\"l\n\",\"k\"]",
         ] {
             assert!(
                 matches!(agrees(line), Ok(false)),
@@ -1507,6 +1584,31 @@ mod common_command_tests {
             })
     }
 
+    fn federation_ack() -> impl Strategy<Value = Vec<u8>> {
+        (
+            field(),
+            number(),
+            prop_oneof![4 => Just(&b""[..]), 1 => Just(&b" 1"[..])],
+        )
+            .prop_map(|(instance, number, tail)| {
+                [&b"FEDERATION_ACK "[..], &instance, b" ", &number, tail].concat()
+            })
+    }
+
+    fn lock_released() -> impl Strategy<Value = Vec<u8>> {
+        (
+            prop::collection::vec(json_string(), 3),
+            prop_oneof![4 => Just(&b""[..]), 1 => Just(&b" "[..]), 1 => Just(&b","[..])],
+        )
+            .prop_map(|(strings, tail)| {
+                let mut line = b"LOCK_RELEASED [".to_vec();
+                line.extend_from_slice(&strings.join(&b","[..]));
+                line.push(b']');
+                line.extend_from_slice(tail);
+                line
+            })
+    }
+
     fn user_sync() -> impl Strategy<Value = Vec<u8>> {
         (
             prop::collection::vec(field(), 3),
@@ -1529,7 +1631,12 @@ mod common_command_tests {
     fn the_inputs_take_both_paths() {
         use proptest::strategy::ValueTree;
         let mut runner = proptest::test_runner::TestRunner::deterministic();
-        for strategy in [user_ip().boxed(), user_sync().boxed()] {
+        for strategy in [
+            user_ip().boxed(),
+            user_sync().boxed(),
+            federation_ack().boxed(),
+            lock_released().boxed(),
+        ] {
             let fast = (0..1000)
                 .filter(|_| {
                     let line = strategy
@@ -1556,6 +1663,16 @@ mod common_command_tests {
 
         #[test]
         fn user_sync_reads_as_the_general_path(line in user_sync()) {
+            agrees(&line)?;
+        }
+
+        #[test]
+        fn federation_ack_reads_as_the_general_path(line in federation_ack()) {
+            agrees(&line)?;
+        }
+
+        #[test]
+        fn lock_released_reads_as_the_general_path(line in lock_released()) {
             agrees(&line)?;
         }
     }
