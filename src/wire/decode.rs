@@ -440,6 +440,7 @@ type UserIpFields<'a> = ([&'a [u8]; 3], Option<&'a [u8]>, i64);
 
 /// A string without escapes or control characters at `at` (on its
 /// opening quote), and the offset after its closing quote.
+#[inline(always)]
 fn json_string(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let body = data.get(at..)?.strip_prefix(b"\"")?;
     // Eight bytes at a time to the first quote, backslash, control
