@@ -1261,6 +1261,57 @@ fn rdata_fields(
     Ok((stream, instance, token, token_end + 1))
 }
 
+/// For the fast paths' tests: whether `fast` read `line`; what it reads,
+/// `general` must read the same (and not refuse).
+#[cfg(test)]
+fn fast_path_agrees<T, E>(
+    line: &[u8],
+    fast: impl FnOnce(&Bytes) -> Option<T>,
+    general: impl FnOnce(&Bytes) -> Result<T, E>,
+) -> Result<bool, proptest::test_runner::TestCaseError>
+where
+    T: PartialEq + std::fmt::Debug,
+    E: std::fmt::Display,
+{
+    let line = Bytes::copy_from_slice(line);
+    let Some(fast) = fast(&line) else {
+        return Ok(false);
+    };
+    match general(&line) {
+        Ok(general) => proptest::prop_assert_eq!(fast, general),
+        Err(error) => {
+            return Err(proptest::test_runner::TestCaseError::fail(format!(
+                "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
+            )));
+        }
+    }
+    Ok(true)
+}
+
+/// For the fast paths' tests: a property's inputs (from `lines`) take the
+/// fast path often and fall back often, so that it tests something.
+#[cfg(test)]
+fn takes_both_paths(
+    lines: impl proptest::strategy::Strategy<Value = Vec<u8>>,
+    fast: impl Fn(&[u8]) -> bool,
+) {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let taken = (0..1000)
+        .filter(|_| {
+            let line = lines
+                .new_tree(&mut runner)
+                .map(|tree| tree.current())
+                .unwrap_or_default();
+            fast(&line)
+        })
+        .count();
+    assert!(
+        (50..950).contains(&taken),
+        "{taken} of 1000 took the fast path"
+    );
+}
+
 #[cfg(test)]
 mod redaction_tests {
     use super::*;
@@ -1409,21 +1460,7 @@ mod user_ip_tests {
     /// often, and fall back often.
     #[test]
     fn the_inputs_take_both_paths() {
-        use proptest::strategy::ValueTree;
-        let mut runner = proptest::test_runner::TestRunner::deterministic();
-        let fast = (0..1000)
-            .filter(|_| {
-                let data = near_user_ip()
-                    .new_tree(&mut runner)
-                    .map(|tree| tree.current())
-                    .unwrap_or_default();
-                user_ip_fields(&data).is_some()
-            })
-            .count();
-        assert!(
-            (50..950).contains(&fast),
-            "{fast} of 1000 took the fast path"
-        );
+        super::takes_both_paths(near_user_ip(), |data| user_ip_fields(data).is_some());
     }
 
     proptest! {
@@ -1460,19 +1497,7 @@ mod common_command_tests {
     /// What [`common_command`] reads, [`decode_any_command`] reads the
     /// same; and it reads Synapse's lines.
     fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
-        let line = Bytes::copy_from_slice(line);
-        let Some(fast) = common_command(&line) else {
-            return Ok(false);
-        };
-        match decode_any_command(&line) {
-            Ok(general) => prop_assert_eq!(fast, general),
-            Err(error) => {
-                return Err(TestCaseError::fail(format!(
-                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
-                )));
-            }
-        }
-        Ok(true)
+        fast_path_agrees(line, common_command, decode_any_command)
     }
 
     #[test]
@@ -1630,27 +1655,15 @@ mod common_command_tests {
     /// paths often, and fall back often.
     #[test]
     fn the_inputs_take_both_paths() {
-        use proptest::strategy::ValueTree;
-        let mut runner = proptest::test_runner::TestRunner::deterministic();
-        for strategy in [
+        for lines in [
             user_ip().boxed(),
             user_sync().boxed(),
             federation_ack().boxed(),
             lock_released().boxed(),
         ] {
-            let fast = (0..1000)
-                .filter(|_| {
-                    let line = strategy
-                        .new_tree(&mut runner)
-                        .map(|tree| tree.current())
-                        .unwrap_or_default();
-                    common_command(&Bytes::from(line)).is_some()
-                })
-                .count();
-            assert!(
-                (50..950).contains(&fast),
-                "{fast} of 1000 took the fast path"
-            );
+            takes_both_paths(lines, |line| {
+                common_command(&Bytes::copy_from_slice(line)).is_some()
+            });
         }
     }
 
@@ -1687,19 +1700,7 @@ mod rdata_fast_tests {
 
     /// What [`rdata_fields_fast`] reads, [`rdata_fields`] reads the same.
     fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
-        let line = Bytes::copy_from_slice(line);
-        let Some(fast) = rdata_fields_fast(&line) else {
-            return Ok(false);
-        };
-        match rdata_fields(&line) {
-            Ok(general) => prop_assert_eq!(fast, general),
-            Err(error) => {
-                return Err(TestCaseError::fail(format!(
-                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
-                )));
-            }
-        }
-        Ok(true)
+        fast_path_agrees(line, |line| rdata_fields_fast(line), rdata_fields)
     }
 
     /// Every length of writer's name and token across the word sizes,
@@ -1803,21 +1804,7 @@ mod rdata_fast_tests {
     /// often, and fall back often.
     #[test]
     fn the_inputs_take_both_paths() {
-        use proptest::strategy::ValueTree;
-        let mut runner = proptest::test_runner::TestRunner::deterministic();
-        let fast = (0..1000)
-            .filter(|_| {
-                let line = line()
-                    .new_tree(&mut runner)
-                    .map(|tree| tree.current())
-                    .unwrap_or_default();
-                rdata_fields_fast(&line).is_some()
-            })
-            .count();
-        assert!(
-            (50..950).contains(&fast),
-            "{fast} of 1000 took the fast path"
-        );
+        takes_both_paths(line(), |line| rdata_fields_fast(line).is_some());
     }
 
     proptest! {
@@ -1887,19 +1874,7 @@ mod position_fast_tests {
     /// What [`position_fast`] reads, [`decode_position_general`] reads the
     /// same.
     fn agrees(line: &[u8]) -> Result<bool, TestCaseError> {
-        let line = Bytes::copy_from_slice(line);
-        let Some(fast) = position_fast(&line) else {
-            return Ok(false);
-        };
-        match decode_position_general(&line) {
-            Ok(general) => prop_assert_eq!(fast, general),
-            Err(error) => {
-                return Err(TestCaseError::fail(format!(
-                    "the fast path read {fast:?} from {line:?}, the general path refused it: {error}"
-                )));
-            }
-        }
-        Ok(true)
+        fast_path_agrees(line, |line| position_fast(line), decode_position_general)
     }
 
     #[test]
@@ -1982,21 +1957,7 @@ mod position_fast_tests {
     /// often, and fall back often.
     #[test]
     fn the_inputs_take_both_paths() {
-        use proptest::strategy::ValueTree;
-        let mut runner = proptest::test_runner::TestRunner::deterministic();
-        let fast = (0..1000)
-            .filter(|_| {
-                let line = line()
-                    .new_tree(&mut runner)
-                    .map(|tree| tree.current())
-                    .unwrap_or_default();
-                position_fast(&line).is_some()
-            })
-            .count();
-        assert!(
-            (50..950).contains(&fast),
-            "{fast} of 1000 took the fast path"
-        );
+        takes_both_paths(line(), |line| position_fast(line).is_some());
     }
 
     proptest! {
