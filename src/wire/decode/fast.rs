@@ -280,9 +280,7 @@ pub(super) fn position_fast(line: &[u8]) -> Option<Position> {
 /// [`rdata_fields`] then reads (or refuses). What this returns,
 /// [`rdata_fields`] returns too.
 #[inline(always)]
-pub(super) fn rdata_fields_fast(
-    line: &[u8],
-) -> Option<(StreamName, InstanceName, RdataToken, usize)> {
+pub(super) fn rdata_fields_fast(line: &[u8]) -> Option<RdataFields> {
     let start = RDATA.len();
     let (stream, stream_end) = known_stream(line, start)?;
     let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;

@@ -613,17 +613,25 @@ fn decode_position_general(line: &Bytes) -> Result<Position, DecodeError> {
 #[inline(always)]
 fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields_fast(&line) {
-        Some((stream, instance, token, row_start)) => {
-            let mut row = line;
-            row.advance(row_start);
-            Ok(Rdata {
-                stream,
-                instance,
-                token,
-                row: RawRow::from_validated(row),
-            })
-        }
+        Some(fields) => Ok(rdata_of(line, fields)),
         None => decode_rdata_general(line),
+    }
+}
+
+/// The fields of an `RDATA` line, its row validated, and where the row
+/// starts.
+pub(super) type RdataFields = (StreamName, InstanceName, RdataToken, usize);
+
+/// The `Rdata` of `line`, from its fields.
+#[inline(always)]
+fn rdata_of(line: Bytes, (stream, instance, token, row_start): RdataFields) -> Rdata {
+    let mut row = line;
+    row.advance(row_start);
+    Rdata {
+        stream,
+        instance,
+        token,
+        row: RawRow::from_validated(row),
     }
 }
 
@@ -631,26 +639,14 @@ fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
 #[inline(never)]
 fn decode_rdata_general(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields(&line) {
-        Ok((stream, instance, token, row_start)) => {
-            let mut row = line;
-            row.advance(row_start);
-            Ok(Rdata {
-                stream,
-                instance,
-                token,
-                row: RawRow::from_validated(row),
-            })
-        }
+        Ok(fields) => Ok(rdata_of(line, fields)),
         Err(error) => Err(salvage(error, &line)),
     }
 }
 
-/// The fields of an `RDATA` line, its row validated, and where the row
-/// starts.
+/// The fields of an `RDATA` line, read by the general path.
 #[inline(always)]
-fn rdata_fields(
-    line: &Bytes,
-) -> Result<(StreamName, InstanceName, RdataToken, usize), DecodeError> {
+fn rdata_fields(line: &Bytes) -> Result<RdataFields, DecodeError> {
     let kind = CommandKind::Rdata;
     let [stream_end, instance_end, token_end] = three_spaces(
         line,
