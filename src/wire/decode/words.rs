@@ -150,37 +150,36 @@ pub(super) fn three_spaces(
     command: CommandKind,
     fields: [&'static str; 4],
 ) -> Result<[usize; 3], DecodeError> {
-    let mut spaces = [0; 3];
+    spaces::<3>(line, start).ok_or_else(|| three_spaces_error(line, start, command, fields))
+}
+
+/// Why [`three_spaces`] found no three spaces: a newline before the third
+/// ([`DecodeError::Newline`]), or the field that the missing space would
+/// start.
+#[cold]
+fn three_spaces_error(
+    line: &[u8],
+    start: usize,
+    command: CommandKind,
+    fields: [&'static str; 4],
+) -> DecodeError {
     let mut found = 0;
-    let mut base = start;
-    while base < line.len() {
-        let mut marks = spaces_and_newlines(word_at(line, base));
-        while marks != 0 {
-            let at = base + marks.trailing_zeros() as usize / 8;
-            if line.get(at) != Some(&b' ') {
-                return Err(DecodeError::Newline);
-            }
-            match found {
-                0 => spaces[0] = at,
-                1 => spaces[1] = at,
-                _ => {
-                    spaces[2] = at;
-                    return Ok(spaces);
-                }
-            }
-            found += 1;
-            marks &= marks - 1;
+    for &byte in line.get(start..).unwrap_or_default() {
+        match byte {
+            b' ' if found < 2 => found += 1,
+            b' ' => break,
+            b'\n' => return DecodeError::Newline,
+            _ => {}
         }
-        base += 8;
     }
-    Err(DecodeError::MissingField {
+    DecodeError::MissingField {
         command,
         field: match found {
             0 => fields[1],
             1 => fields[2],
             _ => fields[3],
         },
-    })
+    }
 }
 
 /// The token in `line[start..end]`: [`parse_i64`], with up to eight digits
@@ -303,5 +302,51 @@ mod parse_i64_tests {
         fn reads_as_the_reference(text in "-?[0-9]{0,20}|[0-9/: +-]{0,20}") {
             prop_assert_eq!(parse_i64(text.as_bytes()), reference(text.as_bytes()));
         }
+    }
+}
+
+#[cfg(test)]
+mod three_spaces_tests {
+    use super::*;
+
+    /// What each line gives: the spaces, or the error's message.
+    #[test]
+    fn spaces_newlines_and_missing_fields() {
+        let read = |line: &str| {
+            three_spaces(
+                line.as_bytes(),
+                0,
+                CommandKind::Position,
+                ["0", "1", "2", "3"],
+            )
+            .map_err(|error| error.to_string())
+        };
+        let missing = |field: &'static str| {
+            Err(DecodeError::MissingField {
+                command: CommandKind::Position,
+                field,
+            }
+            .to_string())
+        };
+        let newline = Err(DecodeError::Newline.to_string());
+        assert_eq!(read("a b c d"), Ok([1, 3, 5]));
+        assert_eq!(
+            read("a_stream_name_longer_than_a_word b c d"),
+            Ok([32, 34, 36])
+        );
+        assert_eq!(
+            read("a b c d\ne"),
+            Ok([1, 3, 5]),
+            "a newline after the third space"
+        );
+        assert_eq!(read(""), missing("1"));
+        assert_eq!(read("a"), missing("1"));
+        assert_eq!(read("a b"), missing("2"));
+        assert_eq!(read("a b c"), missing("3"));
+        assert_eq!(read("a_long_first_field b c"), missing("3"));
+        assert_eq!(read("a\nb c d"), newline);
+        assert_eq!(read("a b\nc d"), newline);
+        assert_eq!(read("a b c_longer_than_a_word\n"), newline);
+        assert_eq!(read("a b\n"), newline);
     }
 }
