@@ -14,8 +14,9 @@
 #     REPS=5 COUNT=200000 benches/e2e.sh
 #
 # Environment: REPS (3), COUNT (500000), BACKLOG (150000; 0 skips the
-# backlog runs), SOLO (1; 0 skips the solo runs), RUNTIME (smol or tokio: the drain's; smol), PORT (first
-# free port from 16400),
+# backlog runs), SOLO (1; 0 skips the solo runs), JSON (1; 0 leaves
+# bare-json out of the solo runs), RUNTIME (smol or tokio: the drain's;
+# smol), PORT (first free port from 16400),
 # CHANNEL (e2e.example.com), WRITER=0 skips the writer-side runs, KEEP=1
 # keeps the work directory (logs, per-process outputs, and bin/: the tools
 # as built), E2E_BIN=DIR uses drain, bare_drain and flood from DIR (such a
@@ -30,6 +31,10 @@
 #               follower), on RUNTIME (smol, or a current-thread tokio);
 #   bare        benches/tools/bare_drain.rs: a std TcpStream and a minimal
 #               RESP counter, no decoding (the floor).
+#   bare-json   (solo runs only; JSON=0 leaves it out) bare_drain --validate:
+#               the floor plus the crate's row validator on every RDATA row,
+#               the one per-row cost no receive path may skip (a row that
+#               is not JSON is a gap to fetch).
 # - burst runs (REPS): `flood --via bare` publishes COUNT messages of the mix
 #   (plus its 10-line preamble) pipelined at full speed while they read,
 #   then the sentinel line: who keeps up, who is cut, what it costs. A
@@ -73,6 +78,7 @@ BACKLOG=${BACKLOG:-150000}
 CHANNEL=${CHANNEL:-e2e.example.com}
 WRITER=${WRITER:-1}
 SOLO=${SOLO:-1}
+JSON=${JSON:-1}
 RUNTIME=${RUNTIME:-smol}
 case $RUNTIME in
     smol | tokio) ;;
@@ -251,7 +257,7 @@ drain_run() {
     [ "$mode" != solo ] && dir=$WORK/$mode$rep
     mkdir -p "$dir"
     echo "-- $mode run $rep ($count messages; $*): load average $(loadavg)"
-    local want=" $* " drain="" cli="" counter="" bare="" programs=""
+    local want=" $* " drain="" cli="" counter="" bare="" programs="" validate=""
     if [[ $want == *" drain "* ]]; then
         # The crate's drain first: its REPLICATE (sent once subscribed)
         # must reach no other subscriber.
@@ -276,10 +282,11 @@ drain_run() {
             >"$dir/cli.out" 2>"$dir/cli.err" &
         counter=$!
     fi
-    if [[ $want == *" bare "* ]]; then
+    if [[ $want == *" bare "* || $want == *" bare-json "* ]]; then
+        [[ $want == *" bare-json "* ]] && validate=--validate
         $TIME -f "%U %S %M %e" -o "$dir/bare.time" \
             "$BIN/bare_drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
-            >"$dir/bare.out" 2>"$dir/bare.err" &
+            $validate >"$dir/bare.out" 2>"$dir/bare.err" &
         bare=$!
     fi
     wait_subscribers $#
@@ -317,8 +324,8 @@ drain_run() {
         "$dir/cli.time" "$(peak_omem "$dir/clients.txt" redis-cli)"
     [ -n "$drain" ] && record "$results" "$rep" drain "${published:-0}" "$dir/drain.err" \
         "$dir/drain.time" "$(peak_omem "$dir/clients.txt" drain-sub)" own
-    [ -n "$bare" ] && record "$results" "$rep" bare "${published:-0}" "$dir/bare.err" \
-        "$dir/bare.time" "$(peak_omem "$dir/clients.txt" bare_drain)" own
+    [ -n "$bare" ] && record "$results" "$rep" "bare${validate:+-json}" "${published:-0}" \
+        "$dir/bare.err" "$dir/bare.time" "$(peak_omem "$dir/clients.txt" bare_drain)" own
     return 0
 }
 
@@ -364,6 +371,8 @@ if [ "$SOLO" = 1 ]; then
             2) order="redis-cli bare drain" ;;
             0) order="bare drain redis-cli" ;;
         esac
+        # bare-json right after bare, so that the two see the same load.
+        [ "$JSON" = 1 ] && order=${order/bare/bare bare-json}
         for who in $order; do
             drain_run "$rep" solo "$who"
         done
@@ -407,7 +416,8 @@ summary() {
     echo "== $title: medians over $REPS runs"
     printf "%-10s %9s %6s %4s %8s %9s %8s %8s %8s\n" \
         subscriber count lost cut seconds "msgs/s" "us/msg" "RSS MiB" "omem MiB"
-    for name in redis-cli drain bare; do
+    for name in redis-cli drain bare bare-json; do
+        grep -q " $name " "$results" || continue
         col() { awk -v n="$name" -v c="$1" '$2 == n { print $c }' "$results" | median; }
         sumcol() { awk -v n="$name" -v c="$1" '$2 == n { m += $c } END { print m + 0 }' "$results"; }
         printf "%-10s %9.0f %6.0f %4d %8.3f %9.0f %8.3f %8.1f %8.1f\n" "$name" "$(col 3)" \
@@ -418,9 +428,10 @@ summary() {
     echo " output buffer, sampled every 100 ms)"
     echo
     echo "== $title: ratios within each run, then their median"
-    for pair in "drain redis-cli" "drain bare" "bare redis-cli"; do
+    for pair in "drain redis-cli" "drain bare" "bare redis-cli" "drain bare-json" "bare-json bare"; do
         # shellcheck disable=SC2086
         set -- $pair
+        grep -q " $1 " "$results" && grep -q " $2 " "$results" || continue
         printf "%-22s rate %5.3f   CPU/msg %6.3f   (rate, per run: %s)\n" "$1 / $2" \
             "$(ratio "$results" "$1" "$2" 7 | median)" "$(ratio "$results" "$1" "$2" 8 | median)" \
             "$(ratio "$results" "$1" "$2" 7 | sort -g | tr '\n' ' ')"

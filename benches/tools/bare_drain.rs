@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! cargo bench --bench bare_drain -- --port 6390 \
-//!     [--channel e2e.example.com] [--sentinel "PING drain-sentinel"] [--read-buffer 262144]
+//!     [--channel e2e.example.com] [--sentinel "PING drain-sentinel"] [--read-buffer 262144] \
+//!     [--validate]
 //! redis-cli -p 6390 SUBSCRIBE e2e.example.com e2e.example.com/USER_IP \
 //!     | cargo bench --bench bare_drain -- --redis-cli [--sentinel LINE]
 //! ```
@@ -14,6 +15,12 @@
 //! publishes `USER_IP`) on 127.0.0.1, reads up to `--read-buffer` bytes at a
 //! time with a std `TcpStream`, and counts every `message` frame until one
 //! whose payload equals the sentinel exactly (not counted).
+//!
+//! With `--validate` it also checks the row of every `RDATA` with the
+//! crate's row validator (`wire::json::validate`, which the receive path
+//! runs on every row: a row that is not JSON is a gap to fetch, so this
+//! work can never be skipped) and reports how many failed (`invalid=`):
+//! the floor with the protocol's one unavoidable per-row cost on top.
 //!
 //! With `--redis-cli` it counts `redis-cli SUBSCRIBE`'s output on stdin
 //! instead (three lines per message: `message`, the channel, the payload,
@@ -43,10 +50,11 @@ struct Args {
     sentinel: Vec<u8>,
     read_buffer: usize,
     redis_cli: bool,
+    validate: bool,
 }
 
 const USAGE: &str = "usage: bare_drain (--port PORT | --redis-cli) [--channel NAME] \
-                     [--sentinel LINE] [--read-buffer BYTES]";
+                     [--sentinel LINE] [--read-buffer BYTES] [--validate]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
@@ -55,6 +63,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         sentinel: b"PING drain-sentinel".to_vec(),
         read_buffer: 256 << 10,
         redis_cli: false,
+        validate: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -74,6 +83,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .map_err(|e| format!("--read-buffer: {e}"))?
             }
             "--redis-cli" => parsed.redis_cli = true,
+            "--validate" => parsed.validate = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -90,6 +100,9 @@ struct Counter<'a> {
     count: u64,
     first: Option<Instant>,
     done: bool,
+    /// With `--validate`: rows checked, and how many were not JSON.
+    validate: bool,
+    invalid: u64,
 }
 
 impl Counter<'_> {
@@ -104,7 +117,23 @@ impl Counter<'_> {
             return true;
         }
         self.count += 1;
+        if self.validate {
+            self.check_row(payload);
+        }
         false
+    }
+
+    /// Validates the row of an `RDATA` (`RDATA <stream> <instance>
+    /// <token> <row>`), as every row is on the crate's receive path.
+    #[inline(never)]
+    fn check_row(&mut self, payload: &[u8]) {
+        let Some(fields) = payload.strip_prefix(b"RDATA ") else {
+            return;
+        };
+        let row = fields.splitn(4, |&byte| byte == b' ').nth(3);
+        if row.is_none_or(|row| synapse_replication::wire::json::validate(row).is_err()) {
+            self.invalid += 1;
+        }
     }
 
     fn finish(&self, name: &str) -> ExitCode {
@@ -117,13 +146,18 @@ impl Counter<'_> {
             0.0
         };
         let ended = if self.done { "sentinel" } else { "lost" };
+        let invalid = if self.validate {
+            format!(" invalid={}", self.invalid)
+        } else {
+            String::new()
+        };
         let mut out = io::stdout().lock();
         let _ = writeln!(out, "{}", self.count);
         let _ = out.flush();
         let cpu = process_cpu();
         eprintln!(
             "{name} count={} seconds={seconds:.3} rate={rate:.0} cpu_s={cpu:.3} \
-             cpu_us_per_msg={:.3} ended={ended}",
+             cpu_us_per_msg={:.3} ended={ended}{invalid}",
             self.count,
             cpu * 1e6 / self.count.max(1) as f64
         );
@@ -161,6 +195,8 @@ fn main() -> ExitCode {
         count: 0,
         first: None,
         done: false,
+        validate: args.validate,
+        invalid: 0,
     };
     let result = match args.port {
         Some(port) => subscribe(&args, port, &mut counter),
