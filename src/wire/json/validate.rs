@@ -411,37 +411,44 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     #[inline(always)]
     fn string(&self, mut at: usize) -> Result<usize, Invalid> {
         loop {
-            // Skip eight plain bytes at a time: no quote, backslash,
-            // control character (nor, when fast, non-ASCII byte).
-            let Some(mut rest) = self.bytes.get(at..) else {
-                return fail(at, "unterminated string");
-            };
-            let special = loop {
-                match rest.split_first_chunk::<8>() {
-                    Some((chunk, tail)) => {
-                        let word = u64::from_le_bytes(*chunk);
-                        if let Some(special) = NonZeroU64::new(Self::specials(word)) {
-                            break special;
-                        }
-                        rest = tail;
-                    }
-                    None => {
-                        // The tail word's last byte is past the end (zero,
-                        // a control character), so its flag changes nothing.
-                        let word = tail_word(self.bytes, self.bytes.len() - rest.len());
-                        break LAST_BYTE | Self::specials(word);
-                    }
-                }
-            };
-            // Jump to the first special byte. (Non-zero, the count needs no
-            // check for zero.) It is read again rather than taken from the
+            // Skip plain bytes: no quote, backslash, control character
+            // (nor, when fast, non-ASCII byte).
+            at = self.skip_words(at, Self::specials);
+            // The special byte is read again rather than taken from the
             // word, which the loop then need not keep.
-            at = self.bytes.len() - rest.len() + special.trailing_zeros() as usize / 8;
             match self.byte(at) {
                 Some(b'"') => return Ok(at + 1),
                 byte => at = self.string_special(at, byte)?,
             }
         }
+    }
+
+    /// The offset of the first byte from `at` that `flags` flags (as
+    /// [`bytes_below`] does), or the text's length if none does; eight
+    /// bytes at a time.
+    #[inline(always)]
+    fn skip_words(&self, mut at: usize, flags: impl Fn(u64) -> u64) -> usize {
+        // Whole words while eight bytes are left: an offset compared with
+        // the last word's, one induction variable and one test a word.
+        if let Some(last) = self.bytes.len().checked_sub(8) {
+            while at <= last {
+                let Some(chunk) = self.bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) else {
+                    break;
+                };
+                if let Some(flagged) = NonZeroU64::new(flags(u64::from_le_bytes(*chunk))) {
+                    // Non-zero, the count needs no check for zero.
+                    return at + flagged.trailing_zeros() as usize / 8;
+                }
+                at += 8;
+            }
+        }
+        if at > self.bytes.len() {
+            return at;
+        }
+        // Fewer than eight bytes left. The tail word's bytes past the end
+        // are zero (flagged by every mask here), its last one always.
+        let word = tail_word(self.bytes, at);
+        at + (LAST_BYTE | flags(word)).trailing_zeros() as usize / 8
     }
 
     /// The bytes of `word` that end a run of plain string bytes, as
