@@ -492,30 +492,10 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
         }
     }
 
-    /// Skips ASCII digits from `at`, eight at a time. (As
-    /// [`Recogniser::string`] does, with a slice: one test per word.)
+    /// Skips ASCII digits from `at`, eight at a time.
     #[inline(always)]
     fn digits(&self, at: usize) -> usize {
-        let Some(mut rest) = self.bytes.get(at..) else {
-            return at;
-        };
-        let others = loop {
-            match rest.split_first_chunk::<8>() {
-                Some((chunk, tail)) => {
-                    if let Some(others) = NonZeroU64::new(non_digits(u64::from_le_bytes(*chunk))) {
-                        break others;
-                    }
-                    rest = tail;
-                }
-                // The tail word's last byte is past the end (zero, not a
-                // digit), so its flag changes nothing.
-                None => {
-                    let word = tail_word(self.bytes, self.bytes.len() - rest.len());
-                    break LAST_BYTE | non_digits(word);
-                }
-            }
-        };
-        self.bytes.len() - rest.len() + others.trailing_zeros() as usize / 8
+        self.skip_words(at, non_digits)
     }
 
     /// A number; `at` is on its first byte, `byte`. Returns the offset
