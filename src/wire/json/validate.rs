@@ -37,6 +37,12 @@ pub(crate) fn validate(bytes: &[u8]) -> Result<(), Invalid> {
 /// (a row inside a wire line cannot hold one).
 #[inline(always)]
 pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
+    // Rows are longer than a word. Shorter texts go to the general
+    // recogniser, so that in the fast one, inlined below, the word loops
+    // know that the text holds a word and need not test it per string.
+    if bytes.len() < 8 {
+        return validate_general(bytes, newline_ok);
+    }
     let fast = if newline_ok {
         Recogniser::<true, true> { bytes }.run()
     } else {
@@ -51,9 +57,9 @@ pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invali
     }
 }
 
-/// [`validate_with`] for a text the fast recogniser stopped at (a non-ASCII
-/// byte in a string, or nesting deeper than 63 levels): recognised again
-/// from the start by the general one; then, since strings may hold
+/// [`validate_with`] for a text shorter than a word, or one the fast
+/// recogniser stopped at (a non-ASCII byte in a string, or nesting deeper
+/// than 63 levels): recognised (again) from the start by the general one; then, since strings may hold
 /// non-ASCII bytes, UTF-8 is checked once for the whole text, which covers
 /// every string in it.
 #[cold]
