@@ -141,6 +141,15 @@ fn fail<T>(at: usize, problem: &'static str) -> Result<T, Invalid> {
     Err(Invalid { at, problem })
 }
 
+/// [`fail`] where a value ended, out of line with its message: when the
+/// message is passed, its length ends up held across the loops as a
+/// constant in the stack, stored once a value.
+#[cold]
+#[inline(never)]
+fn fail_after_value<T>(at: usize) -> Result<T, Invalid> {
+    fail(at, "expected `,` or the end of the container")
+}
+
 /// The eight bytes of `bytes` from `at` as a little-endian word, `at` being
 /// less than eight bytes from the end; bytes past the end read as zero.
 #[inline(always)]
@@ -329,7 +338,7 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
             // A value ended: close containers until one wants another value.
             loop {
                 let Some(byte) = self.byte(at) else {
-                    return fail(at, "expected `,` or the end of the container");
+                    return fail_after_value(at);
                 };
                 if byte == b',' {
                     at += 1;
@@ -350,7 +359,7 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
                 } else if byte <= b' ' && Self::is_whitespace(byte) {
                     at = self.skip_any_whitespace(at + 1);
                 } else {
-                    return fail(at, "expected `,` or the end of the container");
+                    return fail_after_value(at);
                 }
             }
         }
