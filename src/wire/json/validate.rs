@@ -141,6 +141,17 @@ fn fail<T>(at: usize, problem: &'static str) -> Result<T, Invalid> {
     Err(Invalid { at, problem })
 }
 
+/// `word` (at most eight bytes) as a little-endian word, zero-padded.
+const fn literal_word(word: &[u8]) -> u64 {
+    let mut bits = 0;
+    let mut index = word.len();
+    while index > 0 {
+        index -= 1;
+        bits = (bits << 8) | word[index] as u64;
+    }
+    bits
+}
+
 /// [`fail`] where a value ended, out of line with its message: when the
 /// message is passed, its length ends up held across the loops as a
 /// constant in the stack, stored once a value.
@@ -573,6 +584,21 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     /// after it.
     #[inline(always)]
     fn literal(&self, at: usize, word: &'static [u8]) -> Result<usize, Invalid> {
+        // Where a word is left (in rows, all but at the very end), its
+        // first bytes compared at once, bounded by a test of the offset
+        // against the last word's, which the fast recogniser also tells
+        // the test for the next byte.
+        if let Some(last) = self.bytes.len().checked_sub(8)
+            && at <= last
+            && let Some(chunk) = self.bytes.get(at..).and_then(<[u8]>::first_chunk::<8>)
+        {
+            let bits = 8 * word.len() as u32;
+            let mask = u64::MAX >> (64 - bits);
+            if u64::from_le_bytes(*chunk) & mask != literal_word(word) {
+                return fail(at, "invalid literal");
+            }
+            return Ok(at + word.len());
+        }
         match self.bytes.get(at..) {
             Some(rest) if rest.starts_with(word) => Ok(at + word.len()),
             _ => fail(at, "invalid literal"),
