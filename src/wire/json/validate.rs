@@ -299,15 +299,24 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     #[inline(always)]
     fn run(&self) -> Result<(), Invalid> {
         let mut at = 0;
-        // Rows are arrays (or objects) without whitespace around: one test.
-        if !matches!(self.bytes.first(), Some(b'[' | b'{')) {
-            at = self.skip_any_whitespace(0);
-            if !matches!(self.byte(at), Some(b'[' | b'{')) {
-                return self.scalar(at);
-            }
-        }
         let mut nesting = Nesting::EMPTY;
         let mut spill = Vec::new();
+        // Rows are arrays (or objects) without whitespace around: one test,
+        // and an array is opened here, on to its first value, with no
+        // dispatch.
+        match self.bytes.first() {
+            Some(b'[') => {
+                nesting = Nesting(Nesting::EMPTY.0 << 1);
+                at = 1;
+            }
+            Some(b'{') => {}
+            _ => {
+                at = self.skip_any_whitespace(0);
+                if !matches!(self.byte(at), Some(b'[' | b'{')) {
+                    return self.scalar(at);
+                }
+            }
+        }
         'value: loop {
             // A value is expected at `at`. An if-chain in order of
             // frequency in rows.
