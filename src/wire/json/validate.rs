@@ -709,12 +709,23 @@ mod tests {
             b"[\"\xc3\xa9\",]",
         ];
         for case in cases {
-            assert_eq!(
-                validate(case).is_ok(),
-                oracle(case),
-                "disagreement on {:?}",
-                String::from_utf8_lossy(case)
-            );
+            // As they are, most shorter than a word (the general
+            // recogniser); and padded with whitespace past a word, after
+            // and before (the fast one, with and without its first byte an
+            // array's).
+            let padded = [
+                case.to_vec(),
+                [case, &b" ".repeat(8)[..]].concat(),
+                [&b"\t".repeat(8)[..], case].concat(),
+            ];
+            for text in padded {
+                assert_eq!(
+                    validate(&text).is_ok(),
+                    oracle(&text),
+                    "disagreement on {:?}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
         }
     }
 
