@@ -325,6 +325,11 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
             };
             if byte == b'"' {
                 at = self.string(at + 1)?;
+                // In arrays a string is most often followed by another:
+                // on to it, without the loops' tests.
+                while !nesting.in_object() && self.word_left_starts_with(at, *b",\"") {
+                    at = self.string(at + 2)?;
+                }
             } else if byte == b'n' {
                 at = self.literal(at, b"null")?;
             } else if byte == b'[' {
@@ -595,6 +600,16 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
             }
         }
         Ok(at)
+    }
+
+    /// Whether the text holds `prefix` at `at`, where a word is left (else
+    /// false): one test of the offset, against the last word's.
+    #[inline(always)]
+    fn word_left_starts_with<const N: usize>(&self, at: usize, prefix: [u8; N]) -> bool {
+        let Some(last) = self.bytes.len().checked_sub(8) else {
+            return false;
+        };
+        at <= last && self.bytes.get(at..).and_then(<[u8]>::first_chunk::<N>) == Some(&prefix)
     }
 
     /// The literal `word`; `at` is on its first byte. Returns the offset
