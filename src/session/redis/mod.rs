@@ -574,31 +574,35 @@ impl RedisSession {
     /// A message on the subscribed channel `channel` (an index in
     /// `self.channels`).
     fn handle_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
-        // This process's own RDATA and POSITION come back from Redis; the
-        // follower ignores them: do not decode (and validate) them. One
-        // beyond what was published is another process's, ignored too.
-        if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
-            self.echoes.echoed += 1;
-            if self.echoes.echoed > self.echoes.published {
-                self.impostor_echo(kind, now);
+        // Most messages are rows: decoded as rows, not commands, and
+        // handed to the follower as they are. The decoder checks for an
+        // echo of this process's own (as `own_echo` below) from the
+        // stream's name it reads anyway.
+        if wire::is_rdata(&payload) && !self.options.report_received {
+            let own = self.follower.own_name().as_bytes();
+            match self.decoder.decode_rdata_unless_from(payload, own) {
+                Ok(Some(rdata)) => {
+                    self.counters.received.add(CommandKind::Rdata);
+                    self.follower.handle_rdata(rdata);
+                }
+                Ok(None) => {
+                    self.count_echo(CommandKind::Rdata, now);
+                    self.counters.received.add(CommandKind::Rdata);
+                    self.follower.note_own_echo();
+                }
+                Err(failed) => self.malformed(channel, *failed, now),
             }
+            return;
+        }
+        // This process's own RDATA and POSITION come back from Redis; the
+        // follower ignores them: do not decode (and validate) them.
+        if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
+            self.count_echo(kind, now);
             if !self.options.report_received {
                 self.counters.received.add(kind);
                 self.follower.note_own_echo();
                 return;
             }
-        }
-        // Most messages are rows: decoded as rows, not commands, and
-        // handed to the follower as they are.
-        if wire::is_rdata(&payload) && !self.options.report_received {
-            match self.decoder.decode_rdata_salvaging(payload) {
-                Ok(rdata) => {
-                    self.counters.received.add(CommandKind::Rdata);
-                    self.follower.handle_rdata(rdata);
-                }
-                Err(failed) => self.malformed(channel, *failed, now),
-            }
-            return;
         }
         let channel_bytes =
             |channels: &resp::Channels| channels.names().get(channel).cloned().unwrap_or_default();
@@ -626,6 +630,16 @@ impl RedisSession {
                 self.writer.handle_replicate(now);
             }
             command => self.push_event(RedisEvent::Command(command)),
+        }
+    }
+
+    /// An echo of this process's own `RDATA` or `POSITION`: counted. One
+    /// beyond what was published is another process's (ignored too).
+    #[inline(always)]
+    fn count_echo(&mut self, kind: CommandKind, now: Instant) {
+        self.echoes.echoed += 1;
+        if self.echoes.echoed > self.echoes.published {
+            self.impostor_echo(kind, now);
         }
     }
 

@@ -281,8 +281,26 @@ pub(super) fn position_fast(line: &[u8]) -> Option<Position> {
 /// [`rdata_fields`] returns too.
 #[inline(always)]
 pub(super) fn rdata_fields_fast(line: &[u8]) -> Option<RdataFields> {
-    let start = RDATA.len();
-    let (stream, stream_end) = known_stream(line, start)?;
+    let (stream, stream_end) = rdata_stream(line)?;
+    rdata_rest_fast(line, stream, stream_end)
+}
+
+/// The known stream of an `RDATA` line and where its name ends (at the
+/// first space after `RDATA `), as [`rdata_fields_fast`] reads it; `None`
+/// where it would give the line to the general path.
+#[inline(always)]
+pub(super) fn rdata_stream(line: &[u8]) -> Option<(StreamName, usize)> {
+    known_stream(line, RDATA.len())
+}
+
+/// The rest of [`rdata_fields_fast`], after [`rdata_stream`] read the
+/// stream.
+#[inline(always)]
+pub(super) fn rdata_rest_fast(
+    line: &[u8],
+    stream: StreamName,
+    stream_end: usize,
+) -> Option<RdataFields> {
     let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
     let (token, token_end) = rdata_token(line, instance_end + 1)?;
     json::validate_row(line.get(token_end + 1..)?).ok()?;
@@ -810,12 +828,105 @@ mod rdata_fast_tests {
         takes_both_paths(line(), |line| rdata_fields_fast(line).is_some());
     }
 
+    /// The session's echo check, the plain way: the sender's field (after
+    /// the first space after `RDATA `) starts with `own` and a space.
+    fn names_own(line: &[u8], own: &[u8]) -> bool {
+        let Some(rest) = line.strip_prefix(RDATA) else {
+            return false;
+        };
+        let Some(space) = rest.iter().position(|b| *b == b' ') else {
+            return false;
+        };
+        let sender = &rest[space + 1..];
+        sender.starts_with(own) && sender.get(own.len()) == Some(&b' ')
+    }
+
+    /// A line of [`line`] and an own name: often the line's sender, or
+    /// the start of it up to a space, or a name with a space.
+    fn line_and_own() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+        (line(), 0..6usize, field()).prop_map(|(line, pick, other)| {
+            let fields: Vec<&[u8]> = line.splitn(4, |b| *b == b' ').collect();
+            let sender = fields.get(2).copied().unwrap_or_default().to_vec();
+            let own = match pick {
+                0 | 1 => sender,
+                // The sender and the token: a name with a space in it.
+                2 => line
+                    .splitn(5, |b| *b == b' ')
+                    .skip(2)
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(&b' '),
+                3 => b"master".to_vec(),
+                4 => sender
+                    .get(..sender.len().saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_vec(),
+                _ => other,
+            };
+            (line, own)
+        })
+    }
+
+    /// Every echo is told apart from the other lines exactly as the
+    /// session's own check does, and every other line decodes as
+    /// [`Decoder::decode_rdata_salvaging`] decodes it.
+    fn reads_echoes_as_the_session(line: &[u8], own: &[u8]) -> Result<(), TestCaseError> {
+        let line = Bytes::copy_from_slice(line);
+        for decoder in [Decoder::new(), Decoder::new().max_line_len(20)] {
+            let read = decoder.decode_rdata_unless_from(line.clone(), own);
+            let expected = if names_own(&line, own) {
+                Ok(None)
+            } else {
+                decoder.decode_rdata_salvaging(line.clone()).map(Some)
+            };
+            prop_assert_eq!(format!("{read:?}"), format!("{expected:?}"));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn echoes_of_every_shape() {
+        let check = |line: &[u8], own: &[u8], echo: bool| {
+            reads_echoes_as_the_session(line, own).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(names_own(line, own), echo, "{line:?} {own:?}");
+        };
+        check(b"RDATA events me 1 [1]", b"me", true);
+        check(b"RDATA events me 1 [1", b"me", true);
+        check(b"RDATA events me 1 [1]", b"m", false);
+        check(b"RDATA events me 1 [1]", b"me 1", true);
+        check(
+            b"RDATA events me
+1 [1]",
+            b"me
+1",
+            true,
+        );
+        check(b"RDATA new_stream me 1 [1]", b"me", true);
+        check(b"RDATA new_stream me 1 [1]", b"you", false);
+        check(b"RDATA  me 1 [1]", b"me", true);
+        check(b"RDATA events  1 [1]", b"", true);
+        check(b"RDATA events me", b"me", false);
+        check(b"RDATA events", b"", false);
+        check(
+            b"RDATA caches a_writer_name_longer_than_a_word batch [1]",
+            b"a_writer_name_longer_than_a_word",
+            true,
+        );
+        check(b"RDATA un_partial_stated_room me 1 [1]", b"me", true);
+        check(b"RDATA events me_too 1 [1]", b"me", false);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
 
         #[test]
         fn rdata_reads_as_the_general_path(line in line()) {
             agrees(&line)?;
+        }
+
+        #[test]
+        fn echoes_are_told_as_the_session_tells_them((line, own) in line_and_own()) {
+            reads_echoes_as_the_session(&line, &own)?;
         }
     }
 }

@@ -19,9 +19,12 @@ use super::command::{
 use super::error::{DecodeError, snippet};
 use super::json::{self, JsonError, Text};
 use super::names::{InstanceName, StreamName};
+use super::prefix;
 use super::row::RawRow;
 use super::token::{RdataToken, Token};
-use fast::{common_command, position_fast, rdata_fields_fast, user_ip_fast};
+use fast::{
+    common_command, position_fast, rdata_fields_fast, rdata_rest_fast, rdata_stream, user_ip_fast,
+};
 use words::{
     ONES, eight_digits, next_space, parse_i64, short_field, spaces, three_spaces, token_at, word_at,
 };
@@ -124,6 +127,33 @@ impl Decoder {
         decode_rdata(line)
     }
 
+    /// [`Decoder::decode_rdata_salvaging`], unless the line names `own` as
+    /// its sender: `Ok(None)` then, and the line is not read further (an
+    /// echo of this process's own publish). The sender is the field after
+    /// the stream's name, which is the first space after `RDATA `: found
+    /// once, by the fast path's reading of the stream where it can, for
+    /// both the echo check and the decoding.
+    #[inline(always)]
+    pub(crate) fn decode_rdata_unless_from(
+        &self,
+        line: Bytes,
+        own: &[u8],
+    ) -> Result<Option<Rdata>, Salvaged> {
+        let stream = rdata_stream(&line);
+        let stream_end = match &stream {
+            Some((_, end)) => Some(*end),
+            None => next_space(&line, RDATA.len()),
+        };
+        if stream_end.is_some_and(|end| names_at(&line, end + 1, own)) {
+            return Ok(None);
+        }
+        self.check_len(&line)?;
+        if let Some(fields) = stream.and_then(|(stream, end)| rdata_rest_fast(&line, stream, end)) {
+            return Ok(Some(rdata_of(line, fields)));
+        }
+        decode_rdata_general(line).map(Some)
+    }
+
     /// Refuses a line over the length limit.
     #[inline(always)]
     fn check_len(&self, line: &Bytes) -> Result<(), Salvaged> {
@@ -143,6 +173,17 @@ impl Decoder {
 #[inline(always)]
 pub(crate) fn is_rdata(line: &[u8]) -> bool {
     line.starts_with(RDATA)
+}
+
+/// Whether `line` at `at` starts with `own` and a space: the session's
+/// echo check (`own_echo`), from the sender's field.
+#[inline(always)]
+fn names_at(line: &[u8], at: usize, own: &[u8]) -> bool {
+    // The space after it first: one byte, which rules out most lines.
+    line.get(at.wrapping_add(own.len())) == Some(&b' ')
+        && line
+            .get(at..)
+            .is_some_and(|rest| prefix::starts_with(rest, own))
 }
 
 /// A line that did not decode, and what could be read of it if it was an
