@@ -123,7 +123,11 @@ const fn spaces_and_newlines(word: u64) -> u64 {
 /// the end read as zero.
 #[inline(always)]
 pub(super) fn word_at(bytes: &[u8], at: usize) -> u64 {
-    match bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+    // One bounds check: a range that wraps round is refused as empty.
+    match bytes
+        .get(at..at.wrapping_add(8))
+        .and_then(<[u8]>::first_chunk::<8>)
+    {
         Some(chunk) => u64::from_le_bytes(*chunk),
         None => short_word_at(bytes, at),
     }
