@@ -1131,6 +1131,58 @@ fn report_received_reports_each_command_before_acting() {
     );
 }
 
+/// Echoes of this process's `RDATA` and `POSITION`, read or not, are
+/// told from other lines by the sender's field alone; of them, only one
+/// may be this process's own (the `POSITION` it published on becoming
+/// ready): the others are an impostor's. With `report_received` they are
+/// decoded and reported too.
+#[test]
+fn echoes_are_known_by_their_sender_whatever_follows() {
+    let echoes = [
+        format!("RDATA typing worker1 6 {TYPING_ROW}"),
+        "RDATA typing worker1 6 [not json".to_owned(),
+        "RDATA new_stream worker1 x".to_owned(),
+        "RDATA  worker1 ".to_owned(),
+        "POSITION typing worker1 5 5".to_owned(),
+        "POSITION typing worker1 x".to_owned(),
+        "POSITION new_stream worker1 1 2".to_owned(),
+    ];
+    let others = [
+        format!("RDATA typing worker12 6 {TYPING_ROW}"),
+        "RDATA typing worker 1 6 [1]".to_owned(),
+        "RDATA worker1 typing 6 [1]".to_owned(),
+        "POSITION typing worker1x 5 5".to_owned(),
+        "POSITION worker1 master 5 5".to_owned(),
+    ];
+    for report in [false, true] {
+        let mut options = options();
+        options.report_received = report;
+        let mut rig = Rig::ready(options);
+        for line in echoes.iter().chain(&others) {
+            rig.input(Subscriber, &message(line));
+        }
+        let summaries = rig.summaries();
+        let counters = rig.session.counters();
+        assert_eq!(counters.impostor_echoes, 6, "{report} {summaries:?}");
+        let echoes_seen = rig.session.follower().counters().own_echoes;
+        let malformed = counters.malformed;
+        let received = |kind| counters.received.get(kind);
+        let read = (
+            echoes_seen,
+            malformed,
+            received(CommandKind::Rdata),
+            received(CommandKind::Position),
+        );
+        // Own echoes seen by the follower, malformed messages, and `RDATA`
+        // and `POSITION` received. Not reported, echoes are not decoded:
+        // whatever follows the sender, they are echoes and not malformed.
+        // Reported, they are decoded: the well-formed ones reach the
+        // follower (which ignores them), the others are malformed.
+        let expected = if report { (6, 5, 3, 4) } else { (7, 1, 6, 5) };
+        assert_eq!(read, expected, "{report} {summaries:?}");
+    }
+}
+
 /// The bytes of a busy subscriber: messages of every kind, a pong, a
 /// foreign message, a malformed one, RDATA with spaces in the row.
 fn busy_subscriber_bytes() -> Vec<u8> {
