@@ -180,11 +180,19 @@ pub(super) fn usable(link: Option<&Link>) -> bool {
     link.is_some_and(|link| !link.failed && link.handshake == 0 && link.unconfirmed == 0)
 }
 
+/// How every `POSITION` line starts.
+const POSITION: &[u8] = b"POSITION ";
+
+/// Whether `line` is a `POSITION` line.
+pub(super) fn is_position(line: &[u8]) -> bool {
+    line.starts_with(POSITION)
+}
+
 /// The kind of `line` if it is an `RDATA` or `POSITION` sent by `own`.
 pub(super) fn own_echo(line: &[u8], own: &[u8]) -> Option<CommandKind> {
     let (kind, rest) = if let Some(rest) = line.strip_prefix(b"RDATA ") {
         (CommandKind::Rdata, rest)
-    } else if let Some(rest) = line.strip_prefix(b"POSITION ") {
+    } else if let Some(rest) = line.strip_prefix(POSITION) {
         (CommandKind::Position, rest)
     } else {
         return None;

@@ -32,7 +32,9 @@ use crate::wire::{
 };
 
 use super::SendError;
-use link::{EchoTally, Expect, Link, RateLimited, is_ok, own_echo, unexpected, usable};
+use link::{
+    EchoTally, Expect, Link, RateLimited, is_ok, is_position, own_echo, unexpected, usable,
+};
 
 /// Replication over Redis pub/sub, sans-IO: one process of a deployment,
 /// following the streams others write (its [`Follower`]) and writing its
@@ -573,52 +575,80 @@ impl RedisSession {
 
     /// A message on the subscribed channel `channel` (an index in
     /// `self.channels`).
+    ///
+    /// This process's own `RDATA` and `POSITION` come back from Redis; the
+    /// follower ignores them: they are not decoded (and validated). The
+    /// decoder looks for them (as `own_echo` does) from the stream's name
+    /// it reads anyway, and each line's kind is looked at once.
     fn handle_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
+        if self.options.report_received {
+            return self.handle_reported_payload(channel, payload, now);
+        }
+        let own = self.follower.own_name().as_bytes();
         // Most messages are rows: decoded as rows, not commands, and
-        // handed to the follower as they are. The decoder checks for an
-        // echo of this process's own (as `own_echo` below) from the
-        // stream's name it reads anyway.
-        if wire::is_rdata(&payload) && !self.options.report_received {
-            let own = self.follower.own_name().as_bytes();
+        // handed to the follower as they are.
+        if wire::is_rdata(&payload) {
             match self.decoder.decode_rdata_unless_from(payload, own) {
                 Ok(Some(rdata)) => {
                     self.counters.received.add(CommandKind::Rdata);
                     self.follower.handle_rdata(rdata);
                 }
-                Ok(None) => {
-                    self.count_echo(CommandKind::Rdata, now);
-                    self.counters.received.add(CommandKind::Rdata);
-                    self.follower.note_own_echo();
-                }
+                Ok(None) => self.own_echo_received(CommandKind::Rdata, now),
                 Err(failed) => self.malformed(channel, *failed, now),
             }
             return;
         }
-        // This process's own RDATA and POSITION come back from Redis; the
-        // follower ignores them: do not decode (and validate) them.
+        if is_position(&payload) {
+            match self.decoder.decode_position_unless_from(&payload, own) {
+                Ok(Some(position)) => {
+                    self.counters.received.add(CommandKind::Position);
+                    self.follower.handle_position(position);
+                }
+                Ok(None) => self.own_echo_received(CommandKind::Position, now),
+                Err(failed) => self.malformed(channel, *failed, now),
+            }
+            return;
+        }
+        // Neither an `RDATA` nor a `POSITION`: not an echo.
+        match self.decoder.decode_other_salvaging(payload) {
+            Ok(Some(command)) => {
+                self.counters.received.add(command.kind());
+                self.handle_command(command, now);
+            }
+            Ok(None) => {}
+            Err(failed) => self.malformed(channel, *failed, now),
+        }
+    }
+
+    /// [`RedisSession::handle_payload`] when every command received is
+    /// reported: own echoes are counted, and decoded and reported too.
+    #[inline(never)]
+    fn handle_reported_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
         if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
             self.count_echo(kind, now);
-            if !self.options.report_received {
-                self.counters.received.add(kind);
-                self.follower.note_own_echo();
-                return;
-            }
         }
-        let channel_bytes =
-            |channels: &resp::Channels| channels.names().get(channel).cloned().unwrap_or_default();
         let command = match self.decoder.decode_salvaging(payload) {
             Ok(Some(command)) => command,
             Ok(None) => return,
             Err(failed) => return self.malformed(channel, *failed, now),
         };
         self.counters.received.add(command.kind());
-        if self.options.report_received {
-            let channel = channel_bytes(&self.channels);
-            self.push_event(RedisEvent::Received {
-                channel,
-                command: Box::new(command.clone()),
-            });
-        }
+        let channel = self
+            .channels
+            .names()
+            .get(channel)
+            .cloned()
+            .unwrap_or_default();
+        self.push_event(RedisEvent::Received {
+            channel,
+            command: Box::new(command.clone()),
+        });
+        self.handle_command(command, now);
+    }
+
+    /// A command received, counted: to the follower, the writer or the
+    /// application.
+    fn handle_command(&mut self, command: Command, now: Instant) {
         match command {
             command @ (Command::Rdata(_) | Command::Position(_)) => {
                 self.follower.handle_command(command)
@@ -631,6 +661,14 @@ impl RedisSession {
             }
             command => self.push_event(RedisEvent::Command(command)),
         }
+    }
+
+    /// An echo of this process's own `RDATA` or `POSITION`, not decoded:
+    /// counted as received, and as the follower's.
+    fn own_echo_received(&mut self, kind: CommandKind, now: Instant) {
+        self.count_echo(kind, now);
+        self.counters.received.add(kind);
+        self.follower.note_own_echo();
     }
 
     /// An echo of this process's own `RDATA` or `POSITION`: counted. One

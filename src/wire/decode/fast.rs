@@ -258,8 +258,26 @@ fn user_sync_line(line: &Bytes) -> Option<UserSync> {
 /// refuses). What this returns, [`decode_position_general`] returns too.
 #[inline(always)]
 pub(super) fn position_fast(line: &[u8]) -> Option<Position> {
-    let start = POSITION.len();
-    let (stream, stream_end) = known_stream(line, start)?;
+    let (stream, stream_end) = position_stream(line)?;
+    position_rest_fast(line, stream, stream_end)
+}
+
+/// The known stream of a `POSITION` line and where its name ends (at the
+/// first space after `POSITION `), as [`position_fast`] reads it; `None`
+/// where it would give the line to the general path.
+#[inline(always)]
+pub(super) fn position_stream(line: &[u8]) -> Option<(StreamName, usize)> {
+    known_stream(line, POSITION.len())
+}
+
+/// The rest of [`position_fast`], after [`position_stream`] read the
+/// stream.
+#[inline(always)]
+pub(super) fn position_rest_fast(
+    line: &[u8],
+    stream: StreamName,
+    stream_end: usize,
+) -> Option<Position> {
     let (instance, instance_end) = rdata_instance(line, stream_end + 1)?;
     let (RdataToken::At(prev_token), prev_end) = rdata_token(line, instance_end + 1)? else {
         return None;
@@ -383,6 +401,40 @@ where
         }
     }
     Ok(true)
+}
+
+/// For the echo checks' tests: the session's check, the plain way: `line`
+/// starts with `command`, and the sender's field (after the first space
+/// after it) starts with `own` and a space.
+#[cfg(test)]
+fn names_own(line: &[u8], command: &[u8], own: &[u8]) -> bool {
+    let Some(rest) = line.strip_prefix(command) else {
+        return false;
+    };
+    let Some(space) = rest.iter().position(|b| *b == b' ') else {
+        return false;
+    };
+    let sender = &rest[space + 1..];
+    sender.starts_with(own) && sender.get(own.len()) == Some(&b' ')
+}
+
+/// For the echo checks' tests: an own name for `line`, by `pick`: its
+/// sender (the third field), the sender and the next field (a name with
+/// a space), `master`, the sender less its last byte, or `other`.
+#[cfg(test)]
+fn own_for(line: &[u8], pick: usize, other: Vec<u8>) -> Vec<u8> {
+    let fields: Vec<&[u8]> = line.splitn(5, |b| *b == b' ').collect();
+    let sender = fields.get(2).copied().unwrap_or_default().to_vec();
+    match pick {
+        0 | 1 => sender,
+        2 => fields.get(2..4).unwrap_or_default().join(&b' '),
+        3 => b"master".to_vec(),
+        4 => sender
+            .get(..sender.len().saturating_sub(1))
+            .unwrap_or_default()
+            .to_vec(),
+        _ => other,
+    }
 }
 
 /// For the fast paths' tests: a property's inputs (from `lines`) take the
@@ -828,41 +880,11 @@ mod rdata_fast_tests {
         takes_both_paths(line(), |line| rdata_fields_fast(line).is_some());
     }
 
-    /// The session's echo check, the plain way: the sender's field (after
-    /// the first space after `RDATA `) starts with `own` and a space.
-    fn names_own(line: &[u8], own: &[u8]) -> bool {
-        let Some(rest) = line.strip_prefix(RDATA) else {
-            return false;
-        };
-        let Some(space) = rest.iter().position(|b| *b == b' ') else {
-            return false;
-        };
-        let sender = &rest[space + 1..];
-        sender.starts_with(own) && sender.get(own.len()) == Some(&b' ')
-    }
-
     /// A line of [`line`] and an own name: often the line's sender, or
     /// the start of it up to a space, or a name with a space.
     fn line_and_own() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
         (line(), 0..6usize, field()).prop_map(|(line, pick, other)| {
-            let fields: Vec<&[u8]> = line.splitn(4, |b| *b == b' ').collect();
-            let sender = fields.get(2).copied().unwrap_or_default().to_vec();
-            let own = match pick {
-                0 | 1 => sender,
-                // The sender and the token: a name with a space in it.
-                2 => line
-                    .splitn(5, |b| *b == b' ')
-                    .skip(2)
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join(&b' '),
-                3 => b"master".to_vec(),
-                4 => sender
-                    .get(..sender.len().saturating_sub(1))
-                    .unwrap_or_default()
-                    .to_vec(),
-                _ => other,
-            };
+            let own = own_for(&line, pick, other);
             (line, own)
         })
     }
@@ -874,7 +896,7 @@ mod rdata_fast_tests {
         let line = Bytes::copy_from_slice(line);
         for decoder in [Decoder::new(), Decoder::new().max_line_len(20)] {
             let read = decoder.decode_rdata_unless_from(line.clone(), own);
-            let expected = if names_own(&line, own) {
+            let expected = if names_own(&line, RDATA, own) {
                 Ok(None)
             } else {
                 decoder.decode_rdata_salvaging(line.clone()).map(Some)
@@ -888,7 +910,7 @@ mod rdata_fast_tests {
     fn echoes_of_every_shape() {
         let check = |line: &[u8], own: &[u8], echo: bool| {
             reads_echoes_as_the_session(line, own).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(names_own(line, own), echo, "{line:?} {own:?}");
+            assert_eq!(names_own(line, RDATA, own), echo, "{line:?} {own:?}");
         };
         check(b"RDATA events me 1 [1]", b"me", true);
         check(b"RDATA events me 1 [1", b"me", true);
@@ -1026,12 +1048,64 @@ mod position_fast_tests {
         takes_both_paths(line(), |line| position_fast(line).is_some());
     }
 
+    /// Every echo is told apart from the other lines exactly as the
+    /// session's own check does, and every other line decodes as
+    /// [`Decoder::decode_salvaging`] decodes it.
+    fn reads_echoes_as_the_session(line: &[u8], own: &[u8]) -> Result<(), TestCaseError> {
+        let line = Bytes::copy_from_slice(line);
+        for decoder in [Decoder::new(), Decoder::new().max_line_len(20)] {
+            let read = decoder.decode_position_unless_from(&line, own);
+            let expected = if names_own(&line, POSITION, own) {
+                Ok(None)
+            } else {
+                decoder
+                    .decode_salvaging(line.clone())
+                    .map(|command| match command {
+                        Some(Command::Position(position)) => Some(position),
+                        other => panic!("not a position: {other:?}"),
+                    })
+            };
+            prop_assert_eq!(format!("{read:?}"), format!("{expected:?}"));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn echoes_of_every_shape() {
+        let check = |line: &[u8], own: &[u8], echo: bool| {
+            reads_echoes_as_the_session(line, own).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(names_own(line, POSITION, own), echo, "{line:?} {own:?}");
+        };
+        check(b"POSITION events me 1 2", b"me", true);
+        check(b"POSITION events me 1 x", b"me", true);
+        check(b"POSITION events me 1 2", b"m", false);
+        check(b"POSITION events me 1 2", b"me 1", true);
+        check(b"POSITION new_stream me 1 2", b"me", true);
+        check(b"POSITION new_stream me 1 2", b"you", false);
+        check(b"POSITION  me 1 2", b"me", true);
+        check(b"POSITION events  1 2", b"", true);
+        check(b"POSITION events me", b"me", false);
+        check(b"POSITION un_partial_stated_event me 1 2", b"me", true);
+        check(b"POSITION events me_too 1 2", b"me", false);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
 
         #[test]
         fn position_reads_as_the_general_path(line in line()) {
             agrees(&line)?;
+        }
+
+        #[test]
+        fn echoes_are_told_as_the_session_tells_them(
+            (line, own) in (line(), 0..6usize, field())
+                .prop_map(|(line, pick, other)| {
+                    let own = own_for(&line, pick, other);
+                    (line, own)
+                })
+        ) {
+            reads_echoes_as_the_session(&line, &own)?;
         }
     }
 }

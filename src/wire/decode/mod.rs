@@ -23,7 +23,8 @@ use super::prefix;
 use super::row::RawRow;
 use super::token::{RdataToken, Token};
 use fast::{
-    common_command, position_fast, rdata_fields_fast, rdata_rest_fast, rdata_stream, user_ip_fast,
+    common_command, position_fast, position_rest_fast, position_stream, rdata_fields_fast,
+    rdata_rest_fast, rdata_stream, user_ip_fast,
 };
 use words::{
     ONES, eight_digits, next_space, parse_i64, short_field, spaces, three_spaces, token_at, word_at,
@@ -103,12 +104,20 @@ impl Decoder {
                 .decode_rdata_salvaging(line)
                 .map(|rdata| Some(Command::Rdata(rdata)));
         }
-        self.check_len(&line)?;
         if line.starts_with(POSITION) {
+            self.check_len(&line)?;
             return decode_position(&line)
                 .map(|position| Some(Command::Position(position)))
                 .map_err(|error| Box::new((error, None)));
         }
+        self.decode_other_salvaging(line)
+    }
+
+    /// [`Decoder::decode_salvaging`] for a line that starts with neither
+    /// `RDATA ` nor `POSITION ` (the caller has looked).
+    #[inline(always)]
+    pub(crate) fn decode_other_salvaging(&self, line: Bytes) -> Result<Option<Command>, Salvaged> {
+        self.check_len(&line)?;
         // A line starting with a letter is not blank: skip the scan.
         if !line.first().is_some_and(u8::is_ascii_alphabetic) && is_blank(&line) {
             return Ok(None);
@@ -116,6 +125,34 @@ impl Decoder {
         decode_command(&line)
             .map(Some)
             .map_err(|error| salvage(error, &line))
+    }
+
+    /// [`Decoder::decode_salvaging`] for a line that starts with
+    /// `POSITION `, unless the line names `own` as its sender: `Ok(None)`
+    /// then, as [`Decoder::decode_rdata_unless_from`].
+    #[inline(never)]
+    pub(crate) fn decode_position_unless_from(
+        &self,
+        line: &Bytes,
+        own: &[u8],
+    ) -> Result<Option<Position>, Salvaged> {
+        let stream = position_stream(line);
+        let stream_end = match &stream {
+            Some((_, end)) => Some(*end),
+            None => next_space(line, POSITION.len()),
+        };
+        if stream_end.is_some_and(|end| names_at(line, end + 1, own)) {
+            return Ok(None);
+        }
+        self.check_len(line)?;
+        if let Some(position) =
+            stream.and_then(|(stream, end)| position_rest_fast(line, stream, end))
+        {
+            return Ok(Some(position));
+        }
+        decode_position_general(line)
+            .map(Some)
+            .map_err(|error| Box::new((error, None)))
     }
 
     /// [`Decoder::decode_salvaging`] for a line that starts with `RDATA `:
