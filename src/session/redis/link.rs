@@ -189,6 +189,9 @@ pub(super) fn is_position(line: &[u8]) -> bool {
 }
 
 /// The kind of `line` if it is an `RDATA` or `POSITION` sent by `own`.
+/// (Unless every command is reported, the decoder checks `RDATA` and
+/// `POSITION` lines itself, as this does, from the stream's name it reads
+/// anyway: its tests hold it to the same reading.)
 pub(super) fn own_echo(line: &[u8], own: &[u8]) -> Option<CommandKind> {
     let (kind, rest) = if let Some(rest) = line.strip_prefix(b"RDATA ") {
         (CommandKind::Rdata, rest)

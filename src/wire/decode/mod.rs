@@ -137,11 +137,7 @@ impl Decoder {
         own: &[u8],
     ) -> Result<Option<Position>, Salvaged> {
         let stream = position_stream(line);
-        let stream_end = match &stream {
-            Some((_, end)) => Some(*end),
-            None => next_space(line, POSITION.len()),
-        };
-        if stream_end.is_some_and(|end| names_at(line, end + 1, own)) {
+        if sent_by(line, POSITION.len(), stream.as_ref(), own) {
             return Ok(None);
         }
         self.check_len(line)?;
@@ -177,11 +173,7 @@ impl Decoder {
         own: &[u8],
     ) -> Result<Option<Rdata>, Salvaged> {
         let stream = rdata_stream(&line);
-        let stream_end = match &stream {
-            Some((_, end)) => Some(*end),
-            None => next_space(&line, RDATA.len()),
-        };
-        if stream_end.is_some_and(|end| names_at(&line, end + 1, own)) {
+        if sent_by(&line, RDATA.len(), stream.as_ref(), own) {
             return Ok(None);
         }
         self.check_len(&line)?;
@@ -212,8 +204,21 @@ pub(crate) fn is_rdata(line: &[u8]) -> bool {
     line.starts_with(RDATA)
 }
 
-/// Whether `line` at `at` starts with `own` and a space: the session's
-/// echo check (`own_echo`), from the sender's field.
+/// Whether `line`, whose stream's name starts at `start`, names `own` as
+/// its sender, as the session's echo check (`own_echo`) reads it: the
+/// field after the stream's name (which ends at the first space from
+/// `start`: where `stream`, the fast path's reading of it, ends if it
+/// read it) starts with `own` and a space.
+#[inline(always)]
+fn sent_by(line: &[u8], start: usize, stream: Option<&(StreamName, usize)>, own: &[u8]) -> bool {
+    let stream_end = match stream {
+        Some((_, end)) => Some(*end),
+        None => next_space(line, start),
+    };
+    stream_end.is_some_and(|end| names_at(line, end + 1, own))
+}
+
+/// Whether `line` at `at` starts with `own` and a space.
 #[inline(always)]
 fn names_at(line: &[u8], at: usize, own: &[u8]) -> bool {
     // The space after it first: one byte, which rules out most lines.
