@@ -99,7 +99,8 @@ impl RespDecoder {
         channels: &Channels,
     ) -> Option<(usize, Bytes, usize)> {
         let (index, payload, end) = self.message_on(buf.get(at..)?, channels)?;
-        let end = at.checked_add(end).filter(|&end| end <= buf.len())?;
+        // Within `buf[at..]`: no overflow, and within `buf`.
+        let end = at + end;
         self.reset();
         Some((index, buf.slice(at + payload.start..at + payload.end), end))
     }
