@@ -134,6 +134,11 @@ pub struct RedisSession {
     /// The session's own events, each with the number of the follower's
     /// events that come before it (counted from the start).
     events: VecDeque<(u64, RedisEvent)>,
+    /// The count of follower events that come before the front of
+    /// `events` (`u64::MAX` while it is empty), kept beside the queue so
+    /// that handing over each follower event compares two integers
+    /// instead of looking into the queue.
+    events_due: u64,
     /// How many of the follower's events `poll_event` has handed over.
     follower_taken: u64,
     counters: RedisCounters,
@@ -185,6 +190,7 @@ impl RedisSession {
             replicate_owed: false,
             queued: VecDeque::new(),
             events: VecDeque::new(),
+            events_due: u64::MAX,
             follower_taken: 0,
             counters: RedisCounters::default(),
             now: None,
@@ -786,7 +792,17 @@ impl RedisSession {
     /// its own events here too, so that one order holds for all.
     pub(crate) fn push_event(&mut self, event: RedisEvent) {
         let before = self.follower_taken + self.follower.queued_events() as u64;
+        if self.events.is_empty() {
+            self.events_due = before;
+        }
         self.events.push_back((before, event));
+    }
+
+    /// The session's next own event, whether due or not.
+    fn pop_own_event(&mut self) -> Option<RedisEvent> {
+        let (_, event) = self.events.pop_front()?;
+        self.events_due = self.events.front().map_or(u64::MAX, |(before, _)| *before);
+        Some(event)
     }
 
     fn drain_writer(&mut self) {
@@ -1009,11 +1025,7 @@ impl RedisSession {
     /// the follower's queue, wrapped once, with no other check.
     #[inline(always)]
     pub(crate) fn poll_rows_event(&mut self) -> Option<RedisEvent> {
-        if self
-            .events
-            .front()
-            .is_some_and(|(before, _)| *before <= self.follower_taken)
-        {
+        if self.events_due <= self.follower_taken {
             return None;
         }
         if !matches!(
@@ -1030,10 +1042,8 @@ impl RedisSession {
     #[must_use]
     #[inline(always)]
     pub fn poll_event(&mut self) -> Option<RedisEvent> {
-        if let Some((before, _)) = self.events.front() {
-            if *before <= self.follower_taken {
-                return self.events.pop_front().map(|(_, event)| event);
-            }
+        if self.events_due <= self.follower_taken {
+            return self.pop_own_event();
         }
         if let Some(event) = self.follower.poll_event() {
             self.follower_taken += 1;
@@ -1050,7 +1060,7 @@ impl RedisSession {
         }
         // Only if the application took the follower's events itself
         // (through `follower_mut`): nothing is left to wait for.
-        self.events.pop_front().map(|(_, event)| event)
+        self.pop_own_event()
     }
 
     /// The next bytes to write on `link`, or `None`: everything queued, in
