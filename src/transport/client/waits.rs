@@ -248,6 +248,16 @@ impl Waits {
         self.shared.active.load(Ordering::Acquire)
     }
 
+    /// Whether the hand-over has nothing to do for waits: none held,
+    /// none to seed, nothing handed to apply. The client checks it first
+    /// on every call, so that the common case costs two loads.
+    #[inline(always)]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.handed.is_none()
+            && !self.shared.active.load(Ordering::Acquire)
+            && !self.shared.seed.load(Ordering::Acquire)
+    }
+
     /// The client hands `event` to the application.
     #[inline]
     pub(crate) fn handing(&mut self, event: &FollowerEvent) {

@@ -538,7 +538,35 @@ impl<R: Runtime> RedisClient<R> {
     /// Events come straight from the session's queue, which the client's
     /// own events join, so that each event is moved once and one order
     /// holds for all.
+    #[inline(never)]
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisEvent>> {
+        // Nearly every call: the follower's next event, with nothing to
+        // shut down and no wait to feed. Everything else is out of line,
+        // so that this path saves no registers and needs no stack frame.
+        // Not inlined into the application's loop either: there the
+        // event would be moved through several temporaries, while here it
+        // goes from the follower's queue straight into the caller's slot.
+        if self.is_plain_handover() {
+            if let Some(event) = self.session.poll_rows_event() {
+                return Poll::Ready(Some(event));
+            }
+        }
+        self.poll_next_event_slow(cx)
+    }
+
+    /// Whether the hand-over has nothing to do but hand the event over:
+    /// not shutting down, and no wait to feed or seed.
+    #[inline(always)]
+    fn is_plain_handover(&self) -> bool {
+        !self.shutdown && !self.commands.shutdown_requested() && self.waits.is_idle()
+    }
+
+    /// [`poll_next_event`](RedisClient::poll_next_event) when the
+    /// follower's next event is not rows or a position, or there is more
+    /// to do: shutting down, feeding waits, the session's own events,
+    /// driving the connections.
+    #[inline(never)]
+    fn poll_next_event_slow(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisEvent>> {
         if !self.shutdown && self.commands.shutdown_requested() {
             self.shut_down();
         }
