@@ -538,14 +538,13 @@ impl<R: Runtime> RedisClient<R> {
     /// Events come straight from the session's queue, which the client's
     /// own events join, so that each event is moved once and one order
     /// holds for all.
-    #[inline(never)]
+    #[inline]
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<RedisEvent>> {
         // Nearly every call: the follower's next event, with nothing to
         // shut down and no wait to feed. Everything else is out of line,
-        // so that this path saves no registers and needs no stack frame.
-        // Not inlined into the application's loop either: there the
-        // event would be moved through several temporaries, while here it
-        // goes from the follower's queue straight into the caller's slot.
+        // so that this path is small enough to inline into the
+        // application's loop: no call, and the event is not returned
+        // through this function's result before the loop matches on it.
         if self.is_plain_handover() {
             if let Some(event) = self.session.poll_rows_event() {
                 return Poll::Ready(Some(event));
