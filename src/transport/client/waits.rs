@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -88,13 +88,18 @@ impl Inner {
     }
 }
 
+/// In [`Shared::flags`]: waits are held, the client records what it
+/// hands over.
+const ACTIVE: u8 = 1;
+/// In [`Shared::flags`]: a wait on a (stream, writer) the table does not
+/// know was registered, the client must seed it.
+const SEED: u8 = 2;
+
 /// What the client and its waiters share.
 struct Shared {
-    /// Waits are held: the client records what it hands over.
-    active: AtomicBool,
-    /// A wait on a (stream, writer) the table does not know was
-    /// registered: the client must seed it.
-    seed: AtomicBool,
+    /// [`ACTIVE`] and [`SEED`], in one atomic so that the client's
+    /// hand-over checks both with one load.
+    flags: AtomicU8,
     /// The client's task, woken to seed.
     client: AtomicWaker,
     /// This process's own name: a wait for its own writes resolves at once.
@@ -105,7 +110,7 @@ struct Shared {
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
-            .field("active", &self.active)
+            .field("flags", &self.flags)
             .field("own", &self.own)
             .finish_non_exhaustive()
     }
@@ -124,8 +129,7 @@ impl Shared {
     fn settle(&self, inner: &mut Inner) {
         if inner.table.is_empty() {
             inner.table.forget_positions();
-            self.active.store(false, Ordering::Release);
-            self.seed.store(false, Ordering::Release);
+            self.flags.store(0, Ordering::Release);
         }
     }
 }
@@ -219,8 +223,7 @@ impl Waits {
     pub(crate) fn new(own: InstanceName, limit: usize) -> Waits {
         Waits {
             shared: Arc::new(Shared {
-                active: AtomicBool::new(false),
-                seed: AtomicBool::new(false),
+                flags: AtomicU8::new(0),
                 client: AtomicWaker::new(),
                 own,
                 inner: Mutex::new(Inner {
@@ -245,7 +248,7 @@ impl Waits {
     /// [`Waits::handing`].
     #[inline(always)]
     pub(crate) fn is_active(&self) -> bool {
-        self.shared.active.load(Ordering::Acquire)
+        self.shared.flags.load(Ordering::Acquire) & ACTIVE != 0
     }
 
     /// Whether the hand-over has nothing to do for waits: none held,
@@ -253,15 +256,13 @@ impl Waits {
     /// on every call, so that the common case costs two loads.
     #[inline(always)]
     pub(crate) fn is_idle(&self) -> bool {
-        self.handed.is_none()
-            && !self.shared.active.load(Ordering::Acquire)
-            && !self.shared.seed.load(Ordering::Acquire)
+        self.handed.is_none() && self.shared.flags.load(Ordering::Acquire) == 0
     }
 
     /// The client hands `event` to the application.
     #[inline]
     pub(crate) fn handing(&mut self, event: &FollowerEvent) {
-        if self.shared.active.load(Ordering::Acquire) {
+        if self.is_active() {
             self.handed = Change::of(event);
         }
     }
@@ -274,7 +275,7 @@ impl Waits {
     where
         I: Iterator<Item = &'a FollowerEvent>,
     {
-        if self.handed.is_none() && !self.shared.seed.load(Ordering::Acquire) {
+        if self.handed.is_none() && self.shared.flags.load(Ordering::Acquire) & SEED == 0 {
             return;
         }
         self.resume_slow(follower, queued);
@@ -296,7 +297,7 @@ impl Waits {
                     inner.resolve(resolved, &mut wake);
                 }
             }
-            if shared.seed.swap(false, Ordering::AcqRel) {
+            if shared.flags.fetch_and(!SEED, Ordering::AcqRel) & SEED != 0 {
                 let unknown: Vec<(StreamName, InstanceName)> = inner
                     .table
                     .unknown_positions()
@@ -327,7 +328,7 @@ impl Waits {
     /// wakes it.
     pub(crate) fn idle(&self, cx: &mut Context<'_>) {
         self.shared.client.register(cx.waker());
-        if self.shared.seed.load(Ordering::Acquire) {
+        if self.shared.flags.load(Ordering::Acquire) & SEED != 0 {
             cx.waker().wake_by_ref();
         }
     }
@@ -347,8 +348,7 @@ impl Waits {
                 wake.extend(slot.waker.take());
                 slot.resolved
             });
-            self.shared.active.store(false, Ordering::Release);
-            self.shared.seed.store(false, Ordering::Release);
+            self.shared.flags.store(0, Ordering::Release);
         }
         self.handed = None;
         for waker in wake {
@@ -496,10 +496,12 @@ impl PositionWaiter {
             let registered = inner.table.register(stream, writer, token, deadline);
             if let Ok(Registered::Waiting(id)) = registered {
                 inner.slots.insert(id, Slot::default());
-                self.shared.active.store(true, Ordering::Release);
-                if inner.table.position(stream, writer).is_none() {
-                    self.shared.seed.store(true, Ordering::Release);
-                }
+                let seed = if inner.table.position(stream, writer).is_none() {
+                    SEED
+                } else {
+                    0
+                };
+                self.shared.flags.fetch_or(ACTIVE | seed, Ordering::Release);
             }
             registered
         };
@@ -510,7 +512,7 @@ impl PositionWaiter {
             }
             Ok(Registered::Waiting(id)) => id,
         };
-        if self.shared.seed.load(Ordering::Acquire) {
+        if self.shared.flags.load(Ordering::Acquire) & SEED != 0 {
             self.shared.client.wake();
         }
         WaitForPosition {
