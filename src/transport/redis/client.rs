@@ -640,7 +640,11 @@ impl<R: Runtime> RedisClient<R> {
                     return Some(event);
                 }
             }
-            self.observe(&event);
+            // Commands received, most of the session's own events, need
+            // nothing either.
+            if !matches!(event, RedisEvent::Command(_)) {
+                self.observe(&event);
+            }
             if !matches!(event, RedisEvent::Closing { .. }) {
                 return Some(event);
             }
