@@ -372,18 +372,11 @@ impl Follower {
         // A tracked writer is never this follower: every way in refuses
         // its own name before admitting a pair. So a tracked pair needs no
         // echo check, and the common case compares one name, not two.
-        let Some((stream, wi)) =
-            self.streams
-                .tracked(&rdata.stream, &rdata.instance, &mut self.ctx.clock)
-        else {
+        let Some((stream, wi)) = self.streams.find_pair(&rdata.stream, &rdata.instance) else {
             self.handle_untracked_rdata(rdata);
             return;
         };
-        if stream.is_pending(wi) {
-            stream.enqueue(wi, Queued::Rdata(rdata), &mut self.ctx);
-        } else {
-            stream.process_rdata(wi, rdata, &mut self.ctx);
-        }
+        stream.handle_rdata(wi, rdata, &mut self.ctx);
     }
 
     /// [`Follower::handle_rdata`] for a pair not tracked (yet): an echo of

@@ -61,20 +61,20 @@ impl Streams {
         }
     }
 
-    /// The stream and index of a tracked pair, its writer heard from now
-    /// (at `clock`, which moves on).
+    /// The stream and index of a tracked pair. Its writer is not marked
+    /// heard from: [`StreamState::handle_rdata`] does that with the writer
+    /// in hand.
     #[inline(always)]
-    pub(super) fn tracked(
+    pub(super) fn find_pair(
         &mut self,
         stream: &StreamName,
         instance: &InstanceName,
-        clock: &mut u64,
     ) -> Option<(&mut StreamState, usize)> {
         let state = match known_index(stream) {
             Some(index) => self.known.get_mut(index)?,
             None => self.others.iter_mut().find(|s| s.name == *stream)?,
         };
-        let wi = state.heard_from(instance, clock)?;
+        let wi = state.find_writer(instance)?;
         Some((state, wi))
     }
 
@@ -182,6 +182,48 @@ fn fingerprint(row: &[u8]) -> u64 {
         }
     }
     hash | 1
+}
+
+/// Applies writer `w`'s row at `token`, one [`WriterState::in_order`]
+/// found in order (at `position`): the event takes the `RDATA`'s fields,
+/// moved once.
+#[inline(always)]
+fn apply_in_order(
+    w: &mut WriterState,
+    top: &mut Option<Token>,
+    token: Token,
+    position: Token,
+    rdata: Rdata,
+    ctx: &mut Ctx,
+) {
+    let Rdata {
+        stream,
+        instance,
+        row,
+        ..
+    } = rdata;
+    let print = fingerprint(row.as_bytes());
+    let rows = w.take_rows(row, ctx);
+    w.note_delivered_above(token, position, print);
+    raise(top, token);
+    ctx.counters.rdata_applied += 1;
+    ctx.counters.rows_delivered += rows.len() as u64;
+    ctx.events.push_back(FollowerEvent::Rows {
+        stream,
+        writer: instance,
+        token,
+        rows,
+        source: RowOrigin::Live,
+    });
+}
+
+/// Raises `top`, the highest token delivered or seeded on a stream, to
+/// `token`.
+#[inline(always)]
+fn raise(top: &mut Option<Token>, token: Token) {
+    if top.is_none_or(|top| token > top) {
+        *top = Some(token);
+    }
 }
 
 /// How many different rows one token may be delivered with: the
@@ -378,6 +420,24 @@ impl WriterState {
             && !self.unproven
             && self.batch.len() < ctx.limits.max_batch_rows
             && ctx.buffered_bytes.saturating_add(len) <= ctx.limits.max_buffered_bytes
+    }
+
+    /// The writer's position, if its row at `token` is the common case of
+    /// [`StreamState::process_rdata`]: above everything the writer announced or
+    /// delivered, from a writer connected and proven whose batch is not
+    /// cut, within [`FollowerLimits::max_token_jump`] of the stream's
+    /// `top`.
+    #[inline(always)]
+    fn in_order(&self, token: Token, top: Option<Token>, limits: &FollowerLimits) -> Option<Token> {
+        let position = self.position?;
+        let evidence = top.map_or(self.floor, |top| top.max(self.floor));
+        (self.connected
+            && !self.unproven
+            && !self.batch_cut
+            && token > position
+            && token > self.floor
+            && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
+        .then_some(position)
     }
 
     /// The rows of a numbered `row`: the open batch's, then it.
@@ -586,9 +646,7 @@ impl StreamState {
     /// Raises the highest token delivered or seeded on the stream.
     #[inline]
     pub(super) fn raise_top(&mut self, token: Token) {
-        if self.top.is_none_or(|top| token > top) {
-            self.top = Some(token);
-        }
+        raise(&mut self.top, token);
     }
 
     #[inline(always)]
@@ -603,17 +661,32 @@ impl StreamState {
     /// `clock`, which moves on).
     #[inline(always)]
     pub(super) fn heard_from(&mut self, instance: &InstanceName, clock: &mut u64) -> Option<usize> {
-        let wi = match self.writers.get_mut(self.last) {
-            Some(w) if w.name == *instance => self.last,
+        let wi = self.find_writer(instance)?;
+        self.hear(wi, clock);
+        Some(wi)
+    }
+
+    /// The index of writer `instance`, if tracked: the writer last found
+    /// first, by one comparison.
+    #[inline(always)]
+    fn find_writer(&mut self, instance: &InstanceName) -> Option<usize> {
+        match self.writers.get(self.last) {
+            Some(w) if w.name == *instance => Some(self.last),
             _ => {
                 let wi = self.writer_index(instance)?;
                 self.last = wi;
-                wi
+                Some(wi)
             }
-        };
-        self.writers.get_mut(wi)?.heard = *clock;
-        *clock += 1;
-        Some(wi)
+        }
+    }
+
+    /// Marks writer `wi` heard from at `clock`, which moves on.
+    #[inline(always)]
+    fn hear(&mut self, wi: usize, clock: &mut u64) {
+        if let Some(w) = self.writers.get_mut(wi) {
+            w.heard = *clock;
+            *clock += 1;
+        }
     }
 
     pub(super) fn writer(&self, instance: &InstanceName) -> Option<&WriterState> {
@@ -693,6 +766,14 @@ impl StreamState {
         }
     }
 
+    /// Handles an `RDATA` of writer `wi` (found by
+    /// [`Streams::find_pair`]), heard from now: held behind its catch-up,
+    /// or processed as [`StreamState::process_rdata`] does.
+    #[inline(always)]
+    pub(super) fn handle_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
+        self.rdata_of(wi, rdata, true, ctx);
+    }
+
     /// Processes an `RDATA` of writer `wi`, which has no catch-up
     /// outstanding.
     ///
@@ -704,80 +785,45 @@ impl StreamState {
     /// for the common case: none of the checks there can fire for it.
     #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
-        if rdata.token.is_batch() {
-            if let Some(w) = self.writers.get_mut(wi) {
-                if w.batch_open_to(rdata.row.as_bytes().len(), ctx) {
-                    let len = rdata.row.as_bytes().len();
+        self.rdata_of(wi, rdata, false, ctx);
+    }
+
+    /// [`StreamState::handle_rdata`] (`heard`: the writer is heard from
+    /// now, and may have commands held) or
+    /// [`StreamState::process_rdata`]. The writer is looked up once, and
+    /// every step of the common case works on it: a store through it
+    /// would make the compiler look it up again.
+    #[inline(always)]
+    fn rdata_of(&mut self, wi: usize, rdata: Rdata, heard: bool, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        if heard {
+            w.heard = ctx.clock;
+            ctx.clock += 1;
+            if w.pending.is_some() {
+                self.enqueue(wi, Queued::Rdata(rdata), ctx);
+                return;
+            }
+        }
+        match rdata.token {
+            RdataToken::At(token) => {
+                if let Some(position) = w.in_order(token, self.top, &ctx.limits) {
+                    apply_in_order(w, &mut self.top, token, position, rdata, ctx);
+                    return;
+                }
+            }
+            RdataToken::Batch => {
+                let len = rdata.row.as_bytes().len();
+                if w.batch_open_to(len, ctx) {
                     ctx.buffered_bytes += len;
                     w.batch_bytes += len;
                     w.batch.push(rdata.row);
                     return;
                 }
             }
-        } else if let Some((token, position)) = self.in_order(wi, rdata.token, &ctx.limits) {
-            return self.apply_in_order(wi, token, position, rdata, ctx);
         }
         self.process_rdata_checked(wi, rdata, ctx);
-    }
-
-    /// The token of writer `wi`'s row at `token`, and the writer's
-    /// position, if the row is the common case of
-    /// [`StreamState::process_rdata`].
-    #[inline(always)]
-    fn in_order(
-        &self,
-        wi: usize,
-        token: RdataToken,
-        limits: &FollowerLimits,
-    ) -> Option<(Token, Token)> {
-        let RdataToken::At(token) = token else {
-            return None;
-        };
-        let w = self.writers.get(wi)?;
-        let position = w.position?;
-        let evidence = self.top.map_or(w.floor, |top| top.max(w.floor));
-        (w.connected
-            && !w.unproven
-            && !w.batch_cut
-            && token > position
-            && token > w.floor
-            && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
-        .then_some((token, position))
-    }
-
-    /// Applies writer `wi`'s row at `token`, one
-    /// [`StreamState::in_order`] found in order.
-    #[inline(always)]
-    fn apply_in_order(
-        &mut self,
-        wi: usize,
-        token: Token,
-        position: Token,
-        rdata: Rdata,
-        ctx: &mut Ctx,
-    ) {
-        let Rdata {
-            stream,
-            instance,
-            row,
-            ..
-        } = rdata;
-        let Some(w) = self.writers.get_mut(wi) else {
-            return;
-        };
-        let print = fingerprint(row.as_bytes());
-        let rows = w.take_rows(row, ctx);
-        w.note_delivered_above(token, position, print);
-        self.raise_top(token);
-        ctx.counters.rdata_applied += 1;
-        ctx.counters.rows_delivered += rows.len() as u64;
-        ctx.events.push_back(FollowerEvent::Rows {
-            stream,
-            writer: instance,
-            token,
-            rows,
-            source: RowOrigin::Live,
-        });
     }
 
     /// [`StreamState::process_rdata`] with every rule.
@@ -1386,8 +1432,9 @@ mod tests {
 
     #[test]
     fn the_in_order_path_does_what_every_rule_does() {
-        // `process_rdata` applies the common case itself: for every state
-        // and row, its outcome must be that of `process_rdata_checked`.
+        // `process_rdata` and `handle_rdata` apply the common case
+        // themselves: for every state and row, their outcome must be that
+        // of `process_rdata_checked`.
         let row = |text: &str| RawRow::new(text.to_owned()).expect("valid JSON");
         let print = fingerprint(row("[1]").as_bytes());
         let tokens = [
@@ -1465,6 +1512,17 @@ mod tests {
                                         "bits {bits:b} position {position:?} floor {floor} hole {hole:?} top {top:?} print {floor_print} jump {jump} batch {batch_limit} bytes {bytes_limit} token {token:?}"
                                     );
                                     assert!(fast_ctx.events.iter().eq(checked_ctx.events.iter()));
+                                    // A live `RDATA` takes the same path, the writer
+                                    // heard from on the way.
+                                    let (mut live, mut live_ctx) = build();
+                                    live_ctx.clock = 9;
+                                    live.handle_rdata(0, rdata(), &mut live_ctx);
+                                    assert_eq!((live.writers[0].heard, live_ctx.clock), (9, 10));
+                                    assert_eq!(
+                                        summary(&live, &live_ctx),
+                                        summary(&fast, &fast_ctx)
+                                    );
+                                    assert!(live_ctx.events.iter().eq(fast_ctx.events.iter()));
                                     cases += 1;
                                     fast_taken += usize::from(fast_ctx.counters.rdata_applied > 0);
                                 }
