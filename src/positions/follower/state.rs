@@ -190,7 +190,7 @@ fn fingerprint(row: &[u8]) -> u64 {
 #[inline(always)]
 fn apply_in_order(
     w: &mut WriterState,
-    top: &mut Option<Token>,
+    top: &mut Token,
     token: Token,
     position: Token,
     rdata: Rdata,
@@ -220,10 +220,8 @@ fn apply_in_order(
 /// Raises `top`, the highest token delivered or seeded on a stream, to
 /// `token`.
 #[inline(always)]
-fn raise(top: &mut Option<Token>, token: Token) {
-    if top.is_none_or(|top| token > top) {
-        *top = Some(token);
-    }
+fn raise(top: &mut Token, token: Token) {
+    *top = (*top).max(token);
 }
 
 /// How many different rows one token may be delivered with: the
@@ -235,6 +233,9 @@ const MAX_CONTESTED: usize = 4;
 /// A hole with nothing in it.
 const NO_HOLE: (Token, Token) = (Token(0), Token(0));
 
+/// A stream's `top` before any row was delivered or seeded on it.
+const NO_TOP: Token = Token(i64::MIN);
+
 /// Up to this many writers per stream, a writer is found by comparing names;
 /// beyond, through a hash map.
 const LINEAR_WRITERS: usize = 8;
@@ -245,8 +246,10 @@ pub(super) struct StreamState {
     pub(super) writers: Vec<WriterState>,
     /// The highest token of a row delivered (or seeded) for any writer:
     /// what a live row's token is measured against (see
-    /// [`FollowerLimits::max_token_jump`]).
-    top: Option<Token>,
+    /// [`FollowerLimits::max_token_jump`]). [`NO_TOP`] before any: every
+    /// use takes the larger of it and a writer's floor, so the lowest
+    /// token stands for none, and raising it takes no branch.
+    top: Token,
     /// Positions in `writers` by name, once there are more than
     /// [`LINEAR_WRITERS`] (`caches` over Redis can have many).
     pub(super) index: Option<HashMap<InstanceName, usize>>,
@@ -428,9 +431,9 @@ impl WriterState {
     /// cut, within [`FollowerLimits::max_token_jump`] of the stream's
     /// `top`.
     #[inline(always)]
-    fn in_order(&self, token: Token, top: Option<Token>, limits: &FollowerLimits) -> Option<Token> {
+    fn in_order(&self, token: Token, top: Token, limits: &FollowerLimits) -> Option<Token> {
         let position = self.position?;
-        let evidence = top.map_or(self.floor, |top| top.max(self.floor));
+        let evidence = top.max(self.floor);
         (self.connected
             && !self.unproven
             && !self.batch_cut
@@ -628,7 +631,7 @@ impl StreamState {
             monotonic: tokens_only_grow(&name),
             name,
             writers: Vec::new(),
-            top: None,
+            top: NO_TOP,
             index: None,
             last: 0,
         }
@@ -924,7 +927,7 @@ impl StreamState {
             self.start_catch_up(wi, from, token, ctx);
             return;
         }
-        let evidence = top.map_or(w.floor, |top| top.max(w.floor));
+        let evidence = top.max(w.floor);
         if token > position && token.0 > evidence.0.saturating_add(ctx.limits.max_token_jump) {
             // Far beyond every row of the stream: had it been forged, every
             // real row below it would look stale. The writer's own answer
@@ -1069,7 +1072,7 @@ impl StreamState {
                 ctx.counters.resets += 1;
                 current = if new > Token(0) { Token(0) } else { new };
                 w.restart_at(current, false);
-                self.top = None;
+                self.top = NO_TOP;
                 w.batch_cut = false;
                 ctx.events.push_back(FollowerEvent::Reset {
                     stream: self.name.clone(),
@@ -1314,9 +1317,7 @@ impl StreamState {
             }
             let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
             w.note_delivered(token, print, false, &mut ctx.counters);
-            if self.top.is_none_or(|top| token > top) {
-                self.top = Some(token);
-            }
+            raise(&mut self.top, token);
             ctx.counters.rows_delivered += rows.len() as u64;
             ctx.events.push_back(FollowerEvent::Rows {
                 stream: self.name.clone(),
@@ -1490,7 +1491,7 @@ mod tests {
                                             w.batch_bytes = 3;
                                             ctx.buffered_bytes = 3;
                                         }
-                                        stream.top = top.map(Token);
+                                        stream.top = top.map_or(NO_TOP, Token);
                                         stream.add_writer(w);
                                         (stream, ctx)
                                     };
