@@ -443,6 +443,18 @@ impl WriterState {
         .then_some(position)
     }
 
+    /// Adds `row` to the open batch. A batch's first row allocates what
+    /// growing an empty `Vec` would (room for four rows), but directly:
+    /// the batch is handed over with its numbered row, so every batch
+    /// starts empty.
+    #[inline(always)]
+    fn push_batch(&mut self, row: RawRow) {
+        if self.batch.capacity() == 0 {
+            self.batch = Vec::with_capacity(4);
+        }
+        self.batch.push(row);
+    }
+
     /// The rows of a numbered `row`: the open batch's, then it.
     #[inline(always)]
     fn take_rows(&mut self, row: RawRow, ctx: &mut Ctx) -> Rows {
@@ -821,7 +833,7 @@ impl StreamState {
                 if w.batch_open_to(len, ctx) {
                     ctx.buffered_bytes += len;
                     w.batch_bytes += len;
-                    w.batch.push(rdata.row);
+                    w.push_batch(rdata.row);
                     return;
                 }
             }
