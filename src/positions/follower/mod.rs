@@ -202,11 +202,9 @@ impl Follower {
             own: own_name,
             registry,
             streams: Streams {
-                known: StreamName::KNOWN
-                    .iter()
-                    .cloned()
-                    .map(StreamState::new)
-                    .collect(),
+                known: Box::new(std::array::from_fn(|i| {
+                    StreamState::new(StreamName::KNOWN[i].clone())
+                })),
                 others: Vec::new(),
             },
             ctx: Ctx {

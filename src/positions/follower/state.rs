@@ -35,9 +35,13 @@ impl Ctx {
     }
 }
 
+/// How many streams this crate knows.
+pub(super) const KNOWN_STREAMS: usize = StreamName::KNOWN.len();
+
 pub(super) struct Streams {
-    /// One per [`StreamName::KNOWN`], in that order.
-    pub(super) known: Vec<StreamState>,
+    /// One per [`StreamName::KNOWN`], in that order: a fixed number, so
+    /// that an index from [`known_index`] needs no bounds check.
+    pub(super) known: Box<[StreamState; KNOWN_STREAMS]>,
     /// Streams this crate does not know, created when a writer of one is
     /// admitted, removed when their last writer is forgotten.
     pub(super) others: Vec<StreamState>,
