@@ -480,7 +480,10 @@ impl WriterState {
     fn note_delivered_above(&mut self, token: Token, position: Token, print: u64) {
         debug_assert!(self.position == Some(position) && token > position && token > self.floor);
         self.floor_print = print;
-        self.contested = None;
+        if self.contested.is_some() {
+            // Only ever there when forged lines came: no store otherwise.
+            self.contested = None;
+        }
         if token.0 > position.0.saturating_add(1) {
             self.hole = (position, token);
         }
