@@ -432,11 +432,11 @@ impl WriterState {
             && ctx.buffered_bytes.saturating_add(len) <= ctx.limits.max_buffered_bytes
     }
 
-    /// The writer's position, if its row at `token` is the common case of
-    /// [`StreamState::process_rdata`]: above everything the writer announced or
-    /// delivered, from a writer connected and proven whose batch is not
-    /// cut, within [`FollowerLimits::max_token_jump`] of the stream's
-    /// `top`.
+    /// The writer's position, if its row at `token` is the common case
+    /// of [`StreamState::process_rdata`]: above everything the writer
+    /// announced or delivered, from a writer connected and proven whose
+    /// batch is not cut, within [`FollowerLimits::max_token_jump`] of the
+    /// stream's `top`.
     #[inline(always)]
     fn in_order(&self, token: Token, top: Token, limits: &FollowerLimits) -> Option<Token> {
         let position = self.position?;
