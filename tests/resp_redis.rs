@@ -28,6 +28,46 @@ struct Server {
     port: u16,
 }
 
+/// Whether the redis-server on `port` is the process `pid` (its
+/// `INFO server` says `process_id:<pid>`); `None` if it wants a password
+/// first.
+fn serves(port: u16, pid: u32) -> Option<bool> {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return Some(false);
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .is_err()
+    {
+        return Some(false);
+    }
+    let wanted = format!("process_id:{pid}\r\n");
+    let mut reply = Vec::new();
+    let mut chunk = [0; 4096];
+    // The reply is one bulk string of a few hundred bytes; its
+    // `process_id` line comes early.
+    while reply.len() < 64 << 10 {
+        match stream.read(&mut chunk) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+            _ => return Some(false),
+        }
+        if reply.starts_with(b"-NOAUTH") {
+            return None;
+        }
+        if reply
+            .windows(wanted.len())
+            .any(|line| line == wanted.as_bytes())
+        {
+            return Some(true);
+        }
+        if reply.windows(11).any(|line| line == b"process_id:") && reply.ends_with(b"\r\n\r\n") {
+            return Some(false);
+        }
+    }
+    Some(false)
+}
+
 impl Server {
     fn start(extra: &[&str]) -> Server {
         for _attempt in 0..5 {
@@ -61,8 +101,19 @@ impl Server {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // lost the port; try another
                 }
-                if TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
-                    return server;
+                // Answered by this server, not by another test's that won
+                // the same port a moment before (this one then exits).
+                // (A server that wants a password answers `NOAUTH`: then it
+                // is taken as this one if this one still runs.)
+                match serves(port, server.child.id()) {
+                    Some(true) => return server,
+                    Some(false) => {}
+                    None => {
+                        sleep(Duration::from_millis(100));
+                        if let Ok(None) = server.child.try_wait() {
+                            return server;
+                        }
+                    }
                 }
                 sleep(Duration::from_millis(20));
             }
