@@ -409,6 +409,7 @@ impl RedisServer {
             ),
             Err(error) => panic!("starting redis-server: {error}"),
         };
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
@@ -418,14 +419,13 @@ impl RedisServer {
                     return false;
                 }
             }
-            match self.try_command(&["PING"]) {
-                Ok(Frame::SimpleString(pong)) if &pong[..] == b"PONG" => {
-                    self.create_users();
-                    return true;
-                }
-                // Up, and loading its dataset (a restart with an RDB
-                // file): it answers, but refuses PING for now.
-                Ok(Frame::Error(error)) if error.starts_with(b"LOADING") => {
+            // Up, and this process: not another test's server that won the
+            // same port a moment before (this one then exits, and a test
+            // that took the other would lose it when that test ends).
+            // INFO answers while a dataset loads (a restart with an RDB
+            // file), unlike PING.
+            match self.try_command(&["INFO", "server"]) {
+                Ok(Frame::BulkString(info)) if has_process_id(&info, pid) => {
                     self.create_users();
                     return true;
                 }
@@ -434,7 +434,7 @@ impl RedisServer {
             sleep(Duration::from_millis(20));
         }
         panic!(
-            "redis-server did not answer PING within {START_TIMEOUT:?}; its log:\n{}",
+            "redis-server did not answer INFO within {START_TIMEOUT:?}; its log:\n{}",
             self.log_tail()
         );
     }
@@ -687,6 +687,13 @@ fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// Whether `INFO server`'s reply names `pid` as the server's process.
+fn has_process_id(info: &[u8], pid: u32) -> bool {
+    let line = format!("process_id:{pid}\r\n");
+    info.windows(line.len())
+        .any(|window| window == line.as_bytes())
 }
 
 /// Sends `SIG<name>` to `pid` with kill(1).
