@@ -15,7 +15,7 @@
 #
 # Environment: REPS (3), COUNT (500000), BACKLOG (150000; 0 skips the
 # backlog runs), SOLO (1; 0 skips the solo runs), JSON (1; 0 leaves
-# bare-json out of the solo runs), RUNTIME (smol or tokio: the drain's;
+# bare-json out of the solo and backlog runs), RUNTIME (smol or tokio: the drain's;
 # smol), PORT (first free port from 16400),
 # CHANNEL (e2e.example.com), WRITER=0 skips the writer-side runs, KEEP=1
 # keeps the work directory (logs, per-process outputs, and bin/: the tools
@@ -31,7 +31,7 @@
 #               follower), on RUNTIME (smol, or a current-thread tokio);
 #   bare        benches/tools/bare_drain.rs: a std TcpStream and a minimal
 #               RESP counter, no decoding (the floor).
-#   bare-json   (solo runs only; JSON=0 leaves it out) bare_drain --validate:
+#   bare-json   (solo and backlog runs; JSON=0 leaves it out) bare_drain --validate:
 #               the floor plus the crate's row validator on every RDATA row,
 #               the one per-row cost no receive path may skip (a row that
 #               is not JSON is a gap to fetch).
@@ -44,8 +44,8 @@
 #   publisher and one subscriber sharing the cores): with nobody else to
 #   fan out to, Redis and the publisher run faster, and a subscriber that
 #   cannot keep up falls behind and is cut. Ratios are taken between the
-#   three solo runs of one repetition.
-# - backlog runs (REPS): the three are stopped (SIGSTOP) while BACKLOG
+#   solo runs of one repetition.
+# - backlog runs (REPS): the three (and bare-json) are stopped (SIGSTOP) while BACKLOG
 #   messages (about 28 MB each, under the 32 MiB cut) are published, then
 #   continued together (SIGCONT): each reads as fast as it can, whatever the
 #   publisher's speed. These rates are the subscribers' capacities.
@@ -257,7 +257,7 @@ drain_run() {
     [ "$mode" != solo ] && dir=$WORK/$mode$rep
     mkdir -p "$dir"
     echo "-- $mode run $rep ($count messages; $*): load average $(loadavg)"
-    local want=" $* " drain="" cli="" counter="" bare="" programs="" validate=""
+    local want=" $* " drain="" cli="" counter="" bare="" json="" programs=""
     if [[ $want == *" drain "* ]]; then
         # The crate's drain first: its REPLICATE (sent once subscribed)
         # must reach no other subscriber.
@@ -282,12 +282,17 @@ drain_run() {
             >"$dir/cli.out" 2>"$dir/cli.err" &
         counter=$!
     fi
-    if [[ $want == *" bare "* || $want == *" bare-json "* ]]; then
-        [[ $want == *" bare-json "* ]] && validate=--validate
+    if [[ $want == *" bare "* ]]; then
         $TIME -f "%U %S %M %e" -o "$dir/bare.time" \
             "$BIN/bare_drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
-            $validate >"$dir/bare.out" 2>"$dir/bare.err" &
+            >"$dir/bare.out" 2>"$dir/bare.err" &
         bare=$!
+    fi
+    if [[ $want == *" bare-json "* ]]; then
+        $TIME -f "%U %S %M %e" -o "$dir/json.time" \
+            "$BIN/bare_drain" --port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL" \
+            --validate >"$dir/json.out" 2>"$dir/json.err" &
+        json=$!
     fi
     wait_subscribers $#
     local cut_before cpu_before cpu_after
@@ -297,14 +302,14 @@ drain_run() {
     local sampler=$!
     # The programs themselves (children of GNU time), by pid.
     local pid
-    for pid in $drain $cli $bare; do programs="$programs $(pgrep -P "$pid")"; done
+    for pid in $drain $cli $bare $json; do programs="$programs $(pgrep -P "$pid")"; done
     # shellcheck disable=SC2086
     [ "$mode" = backlog ] && kill -STOP $programs
     "$BIN/flood" --port "$PORT" --channel "$CHANNEL" --count "$count" \
         --sentinel "$SENTINEL" --via bare >"$dir/flood.out" 2>"$dir/flood.err" || true
     # shellcheck disable=SC2086
     [ "$mode" = backlog ] && kill -CONT $programs
-    for pid in $drain $bare $counter; do wait_for "$pid" 60; done
+    for pid in $drain $bare $json $counter; do wait_for "$pid" 60; done
     if [ -n "$cli" ]; then
         # redis-cli never stops by itself: end it (GNU time still reports it).
         pkill -TERM -P "$cli" 2>/dev/null || true
@@ -324,8 +329,10 @@ drain_run() {
         "$dir/cli.time" "$(peak_omem "$dir/clients.txt" redis-cli)"
     [ -n "$drain" ] && record "$results" "$rep" drain "${published:-0}" "$dir/drain.err" \
         "$dir/drain.time" "$(peak_omem "$dir/clients.txt" drain-sub)" own
-    [ -n "$bare" ] && record "$results" "$rep" "bare${validate:+-json}" "${published:-0}" \
+    [ -n "$bare" ] && record "$results" "$rep" bare "${published:-0}" \
         "$dir/bare.err" "$dir/bare.time" "$(peak_omem "$dir/clients.txt" bare_drain)" own
+    [ -n "$json" ] && record "$results" "$rep" bare-json "${published:-0}" \
+        "$dir/json.err" "$dir/json.time" "$(peak_omem "$dir/clients.txt" bare_json)" own
     return 0
 }
 
@@ -380,7 +387,11 @@ if [ "$SOLO" = 1 ]; then
 fi
 if [ "$BACKLOG" -gt 0 ]; then
     for rep in $(seq "$REPS"); do
-        drain_run "$rep" backlog redis-cli drain bare
+        if [ "$JSON" = 1 ]; then
+            drain_run "$rep" backlog redis-cli drain bare bare-json
+        else
+            drain_run "$rep" backlog redis-cli drain bare
+        fi
     done
 fi
 if [ "$WRITER" = 1 ]; then

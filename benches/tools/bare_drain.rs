@@ -273,8 +273,15 @@ fn subscribe(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_nodelay(true)?;
     let user_ip = format!("{}/USER_IP", args.channel);
-    // Named, so that `CLIENT LIST` (and Redis' log) tell it apart.
-    let mut command = b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$10\r\nbare_drain\r\n".to_vec();
+    // Named, so that `CLIENT LIST` (and Redis' log) tell it apart, from
+    // the crate's drain and from a validating one beside it.
+    let name = if args.validate {
+        "bare_json"
+    } else {
+        "bare_drain"
+    };
+    let mut command = b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n".to_vec();
+    write!(command, "${}\r\n{name}\r\n", name.len())?;
     write!(command, "*3\r\n$9\r\nSUBSCRIBE\r\n")?;
     for channel in [args.channel.as_str(), user_ip.as_str()] {
         write!(command, "${}\r\n{channel}\r\n", channel.len())?;
