@@ -1412,3 +1412,49 @@ fn a_contradiction_with_nothing_between_asks_for_nothing() {
     assert_eq!(script.follower.counters().claims_refuted, 2);
     assert_eq!(script.follower.counters().catch_ups_requested, 0);
 }
+
+#[test]
+fn a_far_claim_that_synapse_confirms_hides_no_row() {
+    // What Synapse 1.163.2's persisters do after one forged `POSITION
+    // events w1 0 i64::MAX` (tests/synapse_multi_writer.rs): w1's
+    // catch-up endpoint confirms the whole range it is asked (with the
+    // rows it has), w2 adopts the claim and announces it as its own, and
+    // both then publish no row below it: their rows reach the follower
+    // only through their next announcements and catch-ups.
+    run(
+        "master",
+        r#"
+        > !seed events w1 0
+        > !seed events w2 0
+        > !connect
+        > POSITION events w1 0 0
+        > POSITION events w2 0 0
+        > RDATA events w1 1 ["ev","$1"]
+        < rows events w1 1 ["ev","$1"]
+        > RDATA events w2 2 ["ev","$2"]
+        < rows events w2 2 ["ev","$2"]
+        > POSITION events w1 0 9223372036854775807
+        < catch-up #1 events w1 (1, 9223372036854775807]
+        > !page 1 {"updates":[],"upto_token":9223372036854775807,"limited":false}
+        < position events w1 1
+        > POSITION events w2 2 9223372036854775807
+        # from the bottom of what w2's row 2 jumped over
+        < catch-up #2 events w2 (0, 9223372036854775807]
+        > !page 2 {"updates":[[2,["ev","$2"]],[3,["ev","$3"]]],"upto_token":9223372036854775807,"limited":false}
+        < rows events w2 3 ["ev","$3"] [catch-up]
+        < position events w2 3
+        # w1 and w2 write 4 and 5, publish nothing, and answer a REPLICATE
+        > REPLICATE
+        > POSITION events w1 9223372036854775807 9223372036854775807
+        < catch-up #3 events w1 (1, 9223372036854775807]
+        > !page 3 {"updates":[[4,["ev","$4"]]],"upto_token":9223372036854775807,"limited":false}
+        < rows events w1 4 ["ev","$4"] [catch-up]
+        < position events w1 4
+        > POSITION events w2 9223372036854775807 9223372036854775807
+        < catch-up #4 events w2 (3, 9223372036854775807]
+        > !page 4 {"updates":[[5,["ev","$5"]]],"upto_token":9223372036854775807,"limited":false}
+        < rows events w2 5 ["ev","$5"] [catch-up]
+        < position events w2 5
+        "#,
+    );
+}

@@ -1042,6 +1042,102 @@ fn multi_writer_deployment_through_faults() {
         format!("catch-ups still outstanding {PATIENCE:?} after the last fault: {outstanding:?}")
     });
 
+    // --- A forged POSITION (issue #34). One line published on the
+    // deployment's Redis in persister1's name claims its events up to
+    // i64::MAX. Synapse's catch-up endpoint confirms whatever range it is
+    // asked, and Synapse's own persisters adopt the claim: main and the
+    // other persister advance persister1 to it, and each persister then
+    // takes it as its own position and publishes no events row below it.
+    // The rows written after it reach the wire only through the writers'
+    // next announcements (a REPLICATE: any process that connects sends
+    // one) and their catch-up endpoints. Not one may be lost.
+    let forged = format!("POSITION events persister1 0 {}", i64::MAX);
+    publish(deployment.redis_port, &deployment.server_name, &forged);
+    let forged_requests: Vec<Value> = (0..24)
+        .map(|i| {
+            let room = &room_list[i % room_list.len()];
+            deployment.message_request("main", &alice, room, &format!("after the forgery {i}"))
+        })
+        .collect();
+    let after_forgery: Vec<String> = deployment
+        .requests(&forged_requests, 4)
+        .into_iter()
+        .map(|(status, answer)| {
+            assert_eq!(status, 200, "sending after the forgery: {answer}");
+            event_id(&answer).expect("an event id")
+        })
+        .collect();
+    node.with(|client| client.session_mut().request_replicate(Instant::now()));
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline
+        && !after_forgery
+            .iter()
+            .all(|id| node.record().ev_rows.iter().any(|row| row.event_id == *id))
+    {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let in_db: Vec<(String, i64, String)> = deployment
+        .sql(
+            "SELECT event_id, stream_ordering, instance_name FROM events \
+             WHERE stream_ordering > 0 ORDER BY stream_ordering",
+        )
+        .iter()
+        .map(|row| {
+            (
+                row[0].as_str().expect("event_id").to_owned(),
+                row[1].as_i64().expect("stream_ordering"),
+                row[2].as_str().unwrap_or("(null)").to_owned(),
+            )
+        })
+        .collect();
+    {
+        let record = node.record();
+        let mut lost = Vec::new();
+        let mut twice = Vec::new();
+        for (event_id, token, writer) in &in_db {
+            let count = record
+                .ev_rows
+                .iter()
+                .filter(|row| {
+                    row.event_id == *event_id && row.writer == *writer && row.token == *token
+                })
+                .count();
+            match count {
+                0 => lost.push(format!("{writer} {token}")),
+                1 => {}
+                n => twice.push(format!("{writer} {token} x{n}")),
+            }
+        }
+        report.check(lost.is_empty() && twice.is_empty(), || {
+            format!(
+                "after a forged `{forged}`: {} of {} events rows lost ({}), delivered more than \
+                 once: {twice:?}",
+                lost.len(),
+                in_db.len(),
+                lost.join(", ")
+            )
+        });
+        // Each writer's rows in token order, as written.
+        let mut last: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut disorder = Vec::new();
+        for row in &record.ev_rows {
+            let previous = last.insert(row.writer.as_str(), row.token);
+            if previous.is_some_and(|previous| previous >= row.token) {
+                disorder.push(format!("{} {} after {previous:?}", row.writer, row.token));
+            }
+        }
+        report.check(disorder.is_empty(), || {
+            format!("events rows out of their writer's order: {disorder:?}")
+        });
+        eprintln!(
+            "after the forged POSITION: {} events sent through main, {} of {} events rows \
+             delivered",
+            after_forgery.len(),
+            in_db.len() - lost.len(),
+            in_db.len()
+        );
+    }
+
     let record = node.record();
     report.check(record.problems.is_empty(), || {
         format!("the follower reported problems: {:?}", record.problems)
@@ -1144,6 +1240,25 @@ fn multi_writer_deployment_through_faults() {
         "{} check(s) failed:\n- {}",
         report.failures.len(),
         report.failures.join("\n- ")
+    );
+}
+
+/// Publishes `message` on `channel` of the Redis on `port`, as any process
+/// that may publish there can: Redis authenticates no publisher.
+fn publish(port: u16, channel: &str, message: &str) {
+    use std::io::{Read, Write};
+    let mut redis = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
+    let mut command = String::from("*3\r\n$7\r\nPUBLISH\r\n");
+    for part in [channel, message] {
+        command.push_str(&format!("${}\r\n{part}\r\n", part.len()));
+    }
+    redis.write_all(command.as_bytes()).expect("PUBLISH");
+    let mut answer = [0u8; 64];
+    let read = redis.read(&mut answer).expect("PUBLISH's answer");
+    assert!(
+        answer[..read].starts_with(b":"),
+        "PUBLISH answered {:?}",
+        String::from_utf8_lossy(&answer[..read])
     );
 }
 

@@ -114,7 +114,15 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   `to`, not limited) says the writer is not there: the follower takes
 ///   that, not the request. [`History`](super::History), the crate's own
 ///   catch-up source, never confirms a token it has not reached. Synapse's
-///   writers confirm whatever is asked.
+///   writers confirm whatever is asked, so a `POSITION` more than
+///   [`FollowerLimits::max_token_jump`] above every row delivered on its
+///   stream is always fetched, and the writer's position after the answer
+///   is what its rows show, not the claim: its next announcement is
+///   checked again. This matters beside Synapse: after one forged
+///   `POSITION events persister1 0 9223372036854775807`, Synapse's
+///   persisters adopt the claim and publish no row below it; their rows
+///   reach this follower through their next announcements (any
+///   `REPLICATE`) and catch-ups.
 /// - A live row more than [`FollowerLimits::max_token_jump`] above every
 ///   row delivered on its stream is not applied as it comes: the writer's
 ///   rows up to it are fetched instead, so a row forged far ahead never

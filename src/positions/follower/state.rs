@@ -1127,7 +1127,20 @@ impl StreamState {
             ctx.counters.claims_refuted += 1;
         }
         let fetch = contradicted && w.catch_up_start(current) < new;
-        if !fetch && (current == new || (!contradicted && trusted && prev <= current)) {
+        // A claim far beyond every row of the stream is fetched, never
+        // taken on the line's word: had it been forged, every later row of
+        // the writer would look stale.
+        let far = new > current
+            && new.0
+                > self
+                    .top
+                    .max(w.floor)
+                    .0
+                    .saturating_add(ctx.limits.max_token_jump);
+        if far {
+            ctx.counters.jumps_checked += 1;
+        }
+        if !fetch && !far && (current == new || (!contradicted && trusted && prev <= current)) {
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
@@ -1265,6 +1278,7 @@ impl StreamState {
     /// Completes writer `wi`'s catch-up, whose writer answered that it is
     /// at `reached` (the catch-up's `to`, or below it).
     fn finish_catch_up(&mut self, wi: usize, reached: Token, ctx: &mut Ctx) {
+        let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {
             return;
         };
@@ -1278,6 +1292,12 @@ impl StreamState {
             // claim was false. Back to its rows.
             ctx.counters.claims_refuted += 1;
             reached.max(w.floor)
+        } else if catch_up.to.0 > top.max(w.floor).0.saturating_add(ctx.limits.max_token_jump) {
+            // Confirmed, but far beyond every row of the stream: Synapse's
+            // writers confirm whatever range they are asked, so the answer
+            // proves only its rows. The writer stays where they put it;
+            // its next announcement is checked again.
+            w.position.map_or(w.floor, |p| p.max(w.floor))
         } else {
             // Only a catch-up inside a hole ends below the position.
             w.position.map_or(catch_up.to, |p| p.max(catch_up.to))
