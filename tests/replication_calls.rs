@@ -533,6 +533,22 @@ mod caller {
         );
     }
 
+    /// Any timeout works, up to `Duration::MAX` (as long as it takes).
+    #[test]
+    fn a_timeout_up_to_duration_max_is_taken() {
+        let (addr, calls) = serve(Vec::new());
+        let client = ReplicationClient::from_synapse(SmolRuntime, &synapse(addr.port()), "caller1")
+            .with_timeout(Duration::MAX);
+        smol::block_on(client.call(
+            &InstanceName::from("rust1"),
+            &ReplicationEndpoint::fed_send_edu(),
+            &["m.typing"],
+            content(),
+        ))
+        .expect("answered");
+        assert_eq!(calls.lock().unwrap().len(), 1);
+    }
+
     #[test]
     fn a_504_is_retried_with_the_same_txn_id() {
         let timed_out = ReplicationError::refused(504, "M_UNKNOWN", "Timed out");

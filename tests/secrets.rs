@@ -756,6 +756,75 @@ fn http_server_and_client_hide_the_replication_secret() {
     assert_hidden("HttpServer", &server);
 }
 
+/// A handler that logs its request (`{request:?}`) shows none of the
+/// credentials it came with: the replication secret (`Authorization`),
+/// `Proxy-Authorization`, a `Cookie`, nor a client's `access_token` query.
+#[cfg(all(feature = "http-server", feature = "http-catch-up"))]
+#[test]
+fn a_request_handed_to_a_handler_hides_its_credentials() {
+    use synapse_replication::transport::{HttpCatchUp, HttpRequest, HttpResponse, HttpServer};
+    let seen: Arc<std::sync::Mutex<Option<HttpRequest>>> = Arc::default();
+    let endpoint = CatchUpEndpoint::new(
+        InstanceName::from("typing1"),
+        Some(REPLICATION_SECRET.to_owned()),
+    );
+    let source = HttpCatchUp::new(SmolRuntime, Arc::new(StreamWriters::default()), None);
+    let handed = seen.clone();
+    let server = smol::block_on(HttpServer::bind(
+        SmolRuntime,
+        "127.0.0.1:0",
+        endpoint,
+        Arc::new(source),
+    ))
+    .expect("a listener")
+    .with_handler(move |request| {
+        *handed.lock().expect("seen") = Some(request);
+        Box::pin(async { HttpResponse::new(200, "{}") })
+    });
+    let addr = server.local_addr().expect("bound");
+    let task = smol::spawn(server.run());
+
+    let mut socket = TcpStream::connect(addr).expect("a connection");
+    socket.set_read_timeout(Some(PATIENCE)).expect("a timeout");
+    let request = format!(
+        "PUT /_matrix/client/v3/rooms/%21r%3Aexample.com/typing/%40a%3Aexample.com\
+         ?access_token={TOKEN}&timeout=1 HTTP/1.1\r\n\
+         Host: example.com\r\n\
+         Authorization: Bearer {REPLICATION_SECRET}\r\n\
+         Proxy-Authorization: Basic {PASSWORD}\r\n\
+         Cookie: session={SENTINEL_PASSWORD}\r\n\
+         Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    socket.write_all(request.as_bytes()).expect("sent");
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    smol::block_on(task.cancel());
+
+    let request = seen.lock().expect("seen").take().expect("handled");
+    // The handler has them all, as it must.
+    let header = |name: &str| String::from_utf8_lossy(request.header(name).unwrap_or_default());
+    assert_eq!(
+        header("authorization"),
+        format!("Bearer {REPLICATION_SECRET}")
+    );
+    assert_eq!(header("proxy-authorization"), format!("Basic {PASSWORD}"));
+    assert_eq!(header("cookie"), format!("session={SENTINEL_PASSWORD}"));
+    assert!(request.query.as_deref().unwrap_or_default().contains(TOKEN));
+    assert_hidden("HttpRequest", &request);
+    // What is not a credential still shows.
+    let shown = format!("{request:?}");
+    for visible in [
+        "PUT",
+        "/typing/",
+        "example.com",
+        "timeout=1",
+        "authorization",
+    ] {
+        assert!(shown.contains(visible), "{visible} not in {shown}");
+    }
+}
+
 // ---------------------------------------------------------------------
 // What is logged through `tracing`.
 // ---------------------------------------------------------------------

@@ -532,6 +532,26 @@ fn a_fatal_error_whose_error_line_cannot_be_written_is_aborted() {
     ));
 }
 
+/// A close timeout beyond the clock's range (up to `Duration::MAX`)
+/// gives the `ERROR` line as long as it takes: never aborted at once.
+#[test]
+fn a_close_timeout_up_to_duration_max_never_aborts() {
+    let mut config = TcpSessionConfig::default();
+    config.close_timeout = Duration::MAX;
+    let mut pair = Pair::with(config, SERVER_NAME);
+    pair.connect();
+    let id = pair.id.unwrap();
+    pair.client_reads = false;
+    pair.server.close(id, "bye");
+    // Past the default close timeout (5 s), short of the client's own
+    // silence timeout (25 s), which would end the connection.
+    pair.run_for(secs(20));
+    assert_eq!(pair.server.client_state(id), Some(ConnectionState::Closing));
+    pair.client_reads = true;
+    pair.run_for(secs(1));
+    assert!(pair.client_lines().iter().any(|l| l == "ERROR bye"));
+}
+
 #[test]
 fn a_fatal_error_stays_fatal() {
     let mut pair = Pair::new();

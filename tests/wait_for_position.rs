@@ -26,8 +26,8 @@ use synapse_replication::session::{
     RedisEvent, RedisSession, TcpClientEvent, TcpClientSession, TcpServerSession,
 };
 use synapse_replication::transport::{
-    BoxFuture, RedisClient, RedisClientConfig, Runtime, SmolRuntime, TcpClient, TcpServer,
-    TokioRuntime, WaitError, WaitForPosition,
+    BoxFuture, RedisClient, RedisClientConfig, Runtime, SmolRuntime, TcpClient, TcpClientConfig,
+    TcpServer, TokioRuntime, WaitError, WaitForPosition,
 };
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 
@@ -557,6 +557,115 @@ fn over_tcp() {
         assert_eq!(result, Ok(()));
         assert_eq!(taken, [Token(1), Token(2)]);
         drop(client);
+    });
+}
+
+/// Any timeout works, up to `Duration::MAX` ("as long as it takes"): such
+/// a wait resolves once the row is applied, or fails when its client
+/// goes; over Redis and direct TCP, and closing with such a timeout ends
+/// once the queue is written.
+#[test]
+fn a_timeout_up_to_duration_max_waits_as_long_as_it_takes() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let (mut writer, mut worker) = pair(&runtime, &server, fast_options()).await;
+            let mut wait =
+                worker
+                    .client
+                    .wait_for_position(&events(), &master(), Token(2), Duration::MAX);
+            assert!(poll_now(&mut wait).is_pending());
+            writer.write(1..=2);
+            let (result, rows) = drive(&runtime, &mut writer, &mut worker, &mut wait).await;
+            assert_eq!(result, Ok(()));
+            assert_eq!(rows, [Token(1), Token(2)]);
+            worker.client.close(Duration::MAX).await;
+            writer.client.close(Duration::MAX).await;
+
+            // A TCP client that never connects: the wait is held until
+            // the client goes.
+            let follower = Follower::new(
+                InstanceName::from("worker1"),
+                Arc::new(StreamWriters::default()),
+            );
+            let session = TcpClientSession::new("example.com", follower).expect("a client session");
+            let client = TcpClient::new(runtime.clone(), "127.0.0.1:1", session);
+            let mut wait =
+                client.wait_for_position(&StreamName::Caches, &master(), Token(1), Duration::MAX);
+            assert!(poll_now(&mut wait).is_pending());
+            drop(client);
+            assert_eq!(poll_now(&mut wait), Poll::Ready(Err(WaitError::Closed)));
+        })
+    });
+}
+
+/// Reconnection delays and connect timeouts up to `Duration::MAX`: a
+/// client that cannot connect says so and waits to try again, over Redis
+/// and direct TCP.
+#[test]
+fn backoff_and_connect_timeout_up_to_duration_max() {
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port();
+            let mut options = RedisClientConfig::default();
+            options.initial_backoff = Duration::MAX;
+            options.max_backoff = Duration::MAX;
+            options.catch_up_backoff = Duration::MAX;
+            let registry = Arc::new(StreamWriters::default().with_redis(true));
+            let config = RedisConfig::tcp("127.0.0.1", port).with_connect_timeout(Duration::MAX);
+            let me = InstanceName::from("worker1");
+            let session = RedisSession::new(
+                config.session_config(PREFIX),
+                Follower::new(me.clone(), registry.clone()),
+                Writer::new(me, registry),
+            );
+            let mut redis = RedisClient::with_config(runtime.clone(), config, session, options);
+            let mut options = TcpClientConfig::default();
+            options.initial_backoff = Duration::MAX;
+            options.max_backoff = Duration::MAX;
+            options.connect_timeout = Duration::MAX;
+            let follower = Follower::new(
+                InstanceName::from("worker1"),
+                Arc::new(StreamWriters::default()),
+            );
+            let session = TcpClientSession::new("example.com", follower).expect("a client session");
+            let mut tcp = TcpClient::with_config(
+                runtime.clone(),
+                format!("127.0.0.1:{port}"),
+                session,
+                options,
+            );
+
+            let (mut redis_failed, mut tcp_failed) = (0, false);
+            let mut give_up = runtime.sleep_until(runtime.now() + PATIENCE);
+            poll_fn(|cx| {
+                while let Poll::Ready(Some(event)) = redis.poll_next_event(cx) {
+                    if let RedisEvent::ConnectFailed { retry_in, .. } = event {
+                        assert!(retry_in >= Duration::MAX / 2, "{retry_in:?}");
+                        redis_failed += 1;
+                    }
+                }
+                while let Poll::Ready(Some(event)) = tcp.poll_next_event(cx) {
+                    if let TcpClientEvent::ConnectFailed { retry_in, .. } = event {
+                        assert!(retry_in >= Duration::MAX / 2, "{retry_in:?}");
+                        tcp_failed = true;
+                    }
+                }
+                // Both Redis connections (publish and subscribe) failed.
+                if redis_failed >= 2 && tcp_failed {
+                    return Poll::Ready(());
+                }
+                assert!(
+                    give_up.as_mut().poll(cx).is_pending(),
+                    "no connection failed: redis {redis_failed}, tcp {tcp_failed}"
+                );
+                Poll::Pending
+            })
+            .await;
+        })
     });
 }
 

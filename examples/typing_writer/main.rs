@@ -15,7 +15,11 @@
 //!   (route it there from the reverse proxy), checking the access token
 //!   (`/account/whoami`) and the membership (`joined_members`) against the
 //!   homeserver's client API, with Synapse's timeouts (30 s by default,
-//!   at most 120 s, checked every 5 s);
+//!   at most 120 s, checked every 5 s). A token the homeserver accepts is
+//!   remembered for 5 s by a keyed hash (never the token itself); an
+//!   unknown one is not remembered at all. At most 1024 tokens and 1024
+//!   memberships are remembered at once, so that made-up tokens or room
+//!   ids cost the homeserver a lookup each, never this process memory;
 //! - `GET /_synapse/replication/get_repl_stream_updates/typing/...`, the
 //!   catch-up Synapse's processes make (its `instance_map` address), from
 //!   an in-memory history answered per room as Synapse's writer answers;

@@ -15,6 +15,7 @@ pub mod federation;
 pub mod restart;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ pub const TIMEOUT_CHECK: Duration = Duration::from_secs(5);
 /// How long a token's user, and a membership, are trusted (the servers
 /// in a room are forgotten sooner when a membership event arrives).
 const AUTH_CACHE: Duration = Duration::from_secs(5);
+/// Tokens, and (room, user) memberships, remembered at once, at most.
+const CACHED: usize = 1024;
 /// Rooms whose servers are remembered at once, at most.
 const HOSTS_CACHED: usize = 10_000;
 /// The largest answer read from the homeserver (a big room's member
@@ -55,6 +58,8 @@ const HOMESERVER_ANSWER_MAX: u64 = 16 << 20;
 const HISTORY_ROWS: usize = 10_000;
 /// Answers kept in [`TypingWriter::answered`].
 const ANSWERED_KEPT: usize = 1000;
+/// Requests kept in [`TypingWriter::served`].
+const SERVED_KEPT: usize = 1000;
 
 /// Who the writer is and where it listens.
 #[derive(Clone)]
@@ -119,18 +124,23 @@ pub struct TypingWriter {
     /// Writes through the Redis client's task: each row is published and
     /// kept in the history the catch-up server answers from.
     rows: CommandSender,
-    auth: Mutex<HashMap<String, (Instant, Option<String>)>>,
-    members: Mutex<HashMap<(String, String), (Instant, bool)>>,
+    /// The user of each access token the homeserver accepted lately,
+    /// keyed by the token's [`TokenKey`]: a client's token is up to 64
+    /// KiB, and need not stay in memory.
+    auth: Mutex<Expiring<TokenKey, String>>,
+    /// Keys the tokens, unpredictably for a client.
+    token_hasher: [RandomState; 2],
+    members: Mutex<Expiring<(String, String), bool>>,
     /// This homeserver's name, to check that it is in a room.
     server_name: String,
     /// A server admin's token, for the admin API's room members.
     admin_token: Option<String>,
-    /// The servers with a joined user, per room, and when asked.
-    hosts: Mutex<HashMap<String, (Instant, Hosts)>>,
+    /// The servers with a joined user, per room.
+    hosts: Mutex<Expiring<String, Hosts>>,
     /// What became of the forwarded EDUs.
     pub edus: EduCounters,
-    /// Every catch-up request served, for tests and logs.
-    pub served: Arc<Mutex<Vec<CatchUpRequest>>>,
+    /// The latest catch-up requests served, for tests and logs.
+    pub served: Arc<Mutex<VecDeque<CatchUpRequest>>>,
     /// The latest requests of other routes, as `(method, path, status)`:
     /// what Synapse calls on a typing writer, for tests and logs.
     pub answered: Mutex<VecDeque<(String, String, u16)>>,
@@ -138,6 +148,57 @@ pub struct TypingWriter {
 
 /// The servers with a joined user in a room.
 type Hosts = Arc<BTreeSet<String>>;
+
+/// An access token's 128-bit keyed hash: with random keys per process,
+/// no client can make its token share another's entry, and no two
+/// tokens do by chance.
+type TokenKey = (u64, u64);
+
+/// Answers trusted for a while, at most `capacity` of them: what a client
+/// can make the writer remember (a room id per request, say) stays
+/// bounded. When full, the expired ones go; if that frees less than
+/// half, all go, so that a flood costs lookups again, not a scan per
+/// request.
+#[derive(Debug)]
+struct Expiring<K, V> {
+    entries: HashMap<K, (Instant, V)>,
+    capacity: usize,
+    ttl: Duration,
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Expiring<K, V> {
+    fn new(capacity: usize, ttl: Duration) -> Self {
+        Expiring {
+            entries: HashMap::new(),
+            capacity,
+            ttl,
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<V> {
+        let (at, value) = self.entries.get(key)?;
+        (at.elapsed() < self.ttl).then(|| value.clone())
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        if self.entries.len() >= self.capacity {
+            let ttl = self.ttl;
+            self.entries.retain(|_, (at, _)| at.elapsed() < ttl);
+            if self.entries.len() >= self.capacity / 2 {
+                self.entries.clear();
+            }
+        }
+        self.entries.insert(key, (Instant::now(), value));
+    }
+
+    fn remove(&mut self, key: &K) {
+        self.entries.remove(key);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
 
 /// What became of the typing EDUs Synapse forwarded.
 #[derive(Debug, Default)]
@@ -179,14 +240,20 @@ enum Verdict {
 /// The history, recording what it is asked.
 struct Served {
     history: Arc<Mutex<History>>,
-    served: Arc<Mutex<Vec<CatchUpRequest>>>,
+    served: Arc<Mutex<VecDeque<CatchUpRequest>>>,
 }
 
 #[async_trait]
 impl CatchUpSource for Served {
     async fn fetch(&self, request: CatchUpRequest) -> Result<CatchUpPage, BoxError> {
         eprintln!("typing writer: serving {request}");
-        lock(&self.served).push(request.clone());
+        {
+            let mut served = lock(&self.served);
+            if served.len() >= SERVED_KEPT {
+                served.pop_front();
+            }
+            served.push_back(request.clone());
+        }
         self.history.fetch(request).await
     }
 }
@@ -242,7 +309,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     let history = Arc::new(Mutex::new(
         History::new(HISTORY_ROWS).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 }),
     ));
-    let served = Arc::new(Mutex::new(Vec::new()));
+    let served = Arc::new(Mutex::new(VecDeque::new()));
     let mut client = RedisClient::follow(SmolRuntime, &options.synapse, instance.clone())
         .map_err(io::Error::other)?
         .with_history(history.clone());
@@ -252,11 +319,12 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         homeserver: options.homeserver.trim_end_matches('/').to_owned(),
         typing: Mutex::new(typing),
         rows: client.sender(),
-        auth: Mutex::new(HashMap::new()),
-        members: Mutex::new(HashMap::new()),
+        auth: Mutex::new(Expiring::new(CACHED, AUTH_CACHE)),
+        token_hasher: [RandomState::new(), RandomState::new()],
+        members: Mutex::new(Expiring::new(CACHED, AUTH_CACHE)),
         server_name: options.synapse.server_name().to_owned(),
         admin_token: options.admin_token.clone(),
-        hosts: Mutex::new(HashMap::new()),
+        hosts: Mutex::new(Expiring::new(HOSTS_CACHED, AUTH_CACHE)),
         edus: EduCounters::default(),
         served: served.clone(),
         answered: Mutex::new(VecDeque::new()),
@@ -637,10 +705,8 @@ impl TypingWriter {
     /// The servers with a joined user in `room` (none for a room the
     /// homeserver does not know), cached briefly.
     async fn hosts_in_room(&self, admin_token: &str, room: &str) -> io::Result<Hosts> {
-        if let Some((at, hosts)) = lock(&self.hosts).get(room)
-            && at.elapsed() < AUTH_CACHE
-        {
-            return Ok(hosts.clone());
+        if let Some(hosts) = lock(&self.hosts).get(&room.to_owned()) {
+            return Ok(hosts);
         }
         let path = format!("/_synapse/admin/v1/rooms/{}/members", quote(room));
         let (status, body) = get(&self.homeserver, &path, admin_token).await?;
@@ -662,20 +728,13 @@ impl TypingWriter {
             }
         };
         let hosts = Arc::new(hosts);
-        let mut cache = lock(&self.hosts);
-        if cache.len() >= HOSTS_CACHED {
-            cache.retain(|_, (at, _)| at.elapsed() < AUTH_CACHE);
-            if cache.len() >= HOSTS_CACHED {
-                cache.clear();
-            }
-        }
-        cache.insert(room.to_owned(), (Instant::now(), hosts.clone()));
+        lock(&self.hosts).insert(room.to_owned(), hosts.clone());
         Ok(hosts)
     }
 
     /// Forgets the servers of `room` (a membership changed).
     fn forget_hosts(&self, room: &str) {
-        lock(&self.hosts).remove(room);
+        lock(&self.hosts).remove(&room.to_owned());
     }
 
     /// `PUT /_matrix/client/{v3,r0,unstable}/rooms/{roomId}/typing/{userId}`.
@@ -739,12 +798,14 @@ impl TypingWriter {
         HttpResponse::new(200, "{}")
     }
 
-    /// The user of an access token (`None`: unknown token), cached briefly.
+    /// The user of an access token (`None`: unknown token). A known
+    /// token is cached briefly; an unknown one is not, so that made-up
+    /// tokens cost a lookup each and take no memory.
     async fn whoami(&self, token: &str) -> io::Result<Option<String>> {
-        if let Some((at, user)) = lock(&self.auth).get(token)
-            && at.elapsed() < AUTH_CACHE
-        {
-            return Ok(user.clone());
+        let [first, second] = &self.token_hasher;
+        let key = (first.hash_one(token), second.hash_one(token));
+        if let Some(user) = lock(&self.auth).get(&key) {
+            return Ok(Some(user));
         }
         let (status, body) =
             get(&self.homeserver, "/_matrix/client/v3/account/whoami", token).await?;
@@ -760,17 +821,17 @@ impl TypingWriter {
                 )));
             }
         };
-        lock(&self.auth).insert(token.to_owned(), (Instant::now(), user.clone()));
+        if let Some(user) = &user {
+            lock(&self.auth).insert(key, user.clone());
+        }
         Ok(user)
     }
 
     /// Whether `user` is joined to `room` (`joined_members`), cached briefly.
     async fn is_member(&self, token: &str, room: &str, user: &str) -> io::Result<bool> {
         let key = (room.to_owned(), user.to_owned());
-        if let Some((at, member)) = lock(&self.members).get(&key)
-            && at.elapsed() < AUTH_CACHE
-        {
-            return Ok(*member);
+        if let Some(member) = lock(&self.members).get(&key) {
+            return Ok(member);
         }
         let path = format!("/_matrix/client/v3/rooms/{}/joined_members", quote(room));
         let (status, body) = get(&self.homeserver, &path, token).await?;
@@ -786,7 +847,7 @@ impl TypingWriter {
                 )));
             }
         };
-        lock(&self.members).insert(key, (Instant::now(), member));
+        lock(&self.members).insert(key, member);
         Ok(member)
     }
 }
@@ -876,4 +937,129 @@ async fn get(base: &str, path: &str, token: &str) -> io::Result<(u16, Value)> {
         .and_then(|status| status.parse().ok())
         .ok_or_else(|| io::Error::other("no HTTP status"))?;
     Ok((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The only access token the fake homeserver knows, and its user.
+    const GOOD: &str = "syt_good_token";
+    const ALICE: &str = "@alice:example.com";
+
+    /// A homeserver on loopback that knows [`GOOD`] (whoami) and shows
+    /// every room without members (`joined_members`): its address.
+    async fn homeserver() -> String {
+        let listener = smol::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a listener");
+        let addr = listener.local_addr().expect("bound");
+        smol::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                smol::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let known = head.contains(&format!("Authorization: Bearer {GOOD}\r\n"));
+                    let (status, body) =
+                        if head.starts_with("GET /_matrix/client/v3/account/whoami ") {
+                            if known {
+                                ("200 OK", json!({"user_id": ALICE}))
+                            } else {
+                                ("401 Unauthorized", json!({"errcode": "M_UNKNOWN_TOKEN"}))
+                            }
+                        } else {
+                            ("200 OK", json!({"joined": {}}))
+                        };
+                    let answer = format!("HTTP/1.0 {status}\r\n\r\n{body}");
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                })
+                .detach();
+            }
+        })
+        .detach();
+        format!("http://{addr}")
+    }
+
+    /// A writer asking `homeserver`, its Redis nowhere (nothing here
+    /// publishes).
+    async fn writer(homeserver: String) -> Running {
+        let synapse = SynapseConfig::from_json(
+            r#"{"server_name": "example.com",
+                "redis": {"enabled": true, "host": "127.0.0.1", "port": 1},
+                "stream_writers": {"typing": ["typing1"]},
+                "instance_map": {"typing1": {"host": "127.0.0.1", "port": 1}}}"#,
+        )
+        .expect("a config");
+        let options = Options {
+            synapse,
+            instance: "typing1".into(),
+            homeserver,
+            admin_token: None,
+            state: None,
+        };
+        start(options, "127.0.0.1:0").await.expect("a writer")
+    }
+
+    #[test]
+    fn unknown_tokens_take_no_cache_entry() {
+        smol::block_on(async {
+            let running = writer(homeserver().await).await;
+            for n in 0..50 {
+                // As long as the server lets a header be.
+                let token = format!("{n:0>4096}");
+                let user = running.writer.whoami(&token).await.expect("an answer");
+                assert_eq!(user, None);
+            }
+            assert_eq!(lock(&running.writer.auth).len(), 0);
+            let user = running.writer.whoami(GOOD).await.expect("an answer");
+            assert_eq!(user.as_deref(), Some(ALICE));
+            assert_eq!(lock(&running.writer.auth).len(), 1);
+            running.stop().await;
+        });
+    }
+
+    #[test]
+    fn memberships_are_bounded() {
+        smol::block_on(async {
+            let running = writer(homeserver().await).await;
+            for n in 0..=CACHED {
+                let room = format!("!room{n}:example.com");
+                let member = running.writer.is_member(GOOD, &room, ALICE).await;
+                assert!(!member.expect("an answer"));
+            }
+            let cached = lock(&running.writer.members).len();
+            assert!(cached <= CACHED, "{cached} memberships kept");
+            running.stop().await;
+        });
+    }
+
+    #[test]
+    fn catch_ups_served_are_bounded() {
+        smol::block_on(async {
+            let served = Arc::new(Mutex::new(Default::default()));
+            let source = Served {
+                history: Arc::new(Mutex::new(History::new(10))),
+                served: served.clone(),
+            };
+            for n in 0..=SERVED_KEPT {
+                let request = CatchUpRequest {
+                    id: synapse_replication::positions::CatchUpId::new(n as u64),
+                    stream: StreamName::Typing,
+                    writer: InstanceName::from("typing1"),
+                    from: Token(0),
+                    to: Token(1),
+                };
+                let _ = source.fetch(request).await;
+            }
+            let kept = lock(&served).len();
+            assert!(kept <= SERVED_KEPT, "{kept} catch-ups kept");
+        });
+    }
 }

@@ -72,7 +72,11 @@ fn error_line(message: &str) -> Bytes {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum State {
     Open,
-    Closing { abort_at: Instant },
+    /// `abort_at` is `None` for a close timeout beyond the clock's range:
+    /// the last bytes are given as long as they take.
+    Closing {
+        abort_at: Option<Instant>,
+    },
     Aborted,
 }
 
@@ -173,7 +177,7 @@ impl Conn {
         self.out.push_back(line);
         self.last_sent = now;
         let close = config.close_timeout.max(TcpSessionConfig::MIN_TIMER);
-        let abort_at = now.checked_add(close).unwrap_or(now);
+        let abort_at = now.checked_add(close);
         self.state = State::Closing { abort_at };
     }
 
@@ -187,7 +191,7 @@ impl Conn {
                     (a, b) => a.or(b),
                 }
             }
-            State::Closing { abort_at } => Some(abort_at),
+            State::Closing { abort_at } => abort_at,
             State::Aborted => None,
         }
     }
@@ -207,7 +211,7 @@ impl Conn {
                 Due::Nothing
             }
             State::Closing { abort_at } => {
-                if now >= abort_at {
+                if abort_at.is_some_and(|abort_at| now >= abort_at) {
                     self.state = State::Aborted;
                     self.out.clear();
                     self.out_bytes = 0;

@@ -46,7 +46,8 @@ pub struct TcpSessionConfig {
     pub ping_timeout: Duration,
     /// After a fatal error, how long the queued `ERROR` line may take to be
     /// written before the connection is dropped without it (5 s; Synapse
-    /// waits 25 s).
+    /// waits 25 s). Beyond the clock's range (up to `Duration::MAX`): as
+    /// long as it takes.
     pub close_timeout: Duration,
     /// The largest chunk [`poll_transmit`](TcpClientSession::poll_transmit)
     /// returns: queued lines are joined up to this size (64 KiB). A single

@@ -47,9 +47,10 @@ impl Backoff {
         let jitter = if span == 0 {
             0
         } else {
-            self.next_random() % (span + 1)
+            // A delay past u64 nanoseconds (585 years) gets less jitter.
+            self.next_random() % span.saturating_add(1)
         };
-        half + Duration::from_nanos(jitter)
+        half.saturating_add(Duration::from_nanos(jitter))
     }
 
     /// Back to the initial delay (after a connection that lasted).

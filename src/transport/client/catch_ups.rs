@@ -16,7 +16,7 @@ use crate::wire::{InstanceName, StreamName};
 
 use crate::transport::client::backoff::Backoff;
 use crate::transport::client::source::CatchUpSource;
-use crate::transport::runtime::{BoxFuture, Runtime};
+use crate::transport::runtime::{BoxFuture, Runtime, deadline_after};
 
 /// A session whose follower takes catch-up answers.
 pub(crate) trait CatchUpTarget {
@@ -177,7 +177,7 @@ impl CatchUps {
             let retry_in = trouble.backoff.next_delay();
             let stuck = (trouble.failures == STUCK_AFTER_FAILURES).then(|| trouble.report());
             let failures = trouble.failures;
-            let sleep = runtime.sleep_until(now + retry_in);
+            let sleep = runtime.sleep_until(deadline_after(now, retry_in));
             let id = request.id;
             self.fetches.push(Box::pin(async move {
                 sleep.await;

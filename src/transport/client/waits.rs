@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use futures::task::AtomicWaker;
 
 use crate::positions::{Follower, FollowerEvent, PositionWaits, Registered, WaitId};
-use crate::transport::runtime::{BoxFuture, Runtime};
+use crate::transport::runtime::{BoxFuture, Runtime, deadline_after};
 use crate::wire::{InstanceName, StreamName, Token};
 
 /// Why a [`WaitForPosition`] did not see the position reached.
@@ -429,7 +429,8 @@ impl PositionWaiter {
     /// ([`WaitError::Closed`]).
     ///
     /// The wait is registered now, not when first polled, and its timeout
-    /// counts from now. The future is `'static`, `Send` and cancel safe:
+    /// counts from now. Any timeout works, up to `Duration::MAX` (a wait
+    /// that in effect never times out). The future is `'static`, `Send` and cancel safe:
     /// dropping it removes the wait.
     ///
     /// ```no_run
@@ -487,7 +488,7 @@ impl PositionWaiter {
         if *writer == self.shared.own {
             return done(Ok(()));
         }
-        let deadline = self.runtime.now() + timeout;
+        let deadline = deadline_after(self.runtime.now(), timeout);
         let registered = {
             let mut inner = self.shared.lock();
             if inner.closed {

@@ -23,7 +23,7 @@ use crate::positions::{
     WAIT_FOR_POSITIONS, call_body, call_query, read_answer,
 };
 use crate::transport::client::waits::PositionWaiter;
-use crate::transport::runtime::{BoxFuture, Runtime};
+use crate::transport::runtime::{BoxFuture, Runtime, deadline_after};
 use crate::wire::{InstanceName, StreamName, Token};
 
 /// How long one attempt may take, connecting included, by default.
@@ -361,7 +361,9 @@ impl<R: Runtime> ReplicationClient<R> {
                 retry_in = ?delay,
                 "replication call failed; retrying"
             );
-            self.runtime.sleep_until(self.runtime.now() + delay).await;
+            self.runtime
+                .sleep_until(deadline_after(self.runtime.now(), delay))
+                .await;
         };
         let mut answer = answer.map_err(|error| fail.error(CallFailure::Remote(error)))?;
         answer.seen = self.wait_for(instance, &answer.positions).await;
@@ -400,7 +402,7 @@ impl<R: Runtime> ReplicationClient<R> {
         body: &Bytes,
         authorization: Option<HeaderValue>,
     ) -> Result<(u16, Bytes), CallFailure> {
-        let deadline = self.runtime.now() + self.timeout;
+        let deadline = deadline_after(self.runtime.now(), self.timeout);
         let exchange = pin!(self.exchange(location, method, path, body, authorization));
         match future::select(exchange, self.runtime.sleep_until(deadline)).await {
             Either::Left((result, _)) => result,

@@ -193,7 +193,13 @@ pub enum HttpServerTlsError {
 
 /// A request for a route other than the catch-up endpoint, handed to the
 /// application's handler (see [`HttpServer::with_handler`]).
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` hides credentials, so that a handler may log it: the
+/// values of the `Authorization` (the replication secret, a client's
+/// access token), `Proxy-Authorization` and `Cookie` headers, and of any
+/// query parameter whose name holds `token` or a `%` escape (a Matrix
+/// client may send `access_token` there). The fields keep them.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct HttpRequest {
     /// `GET`, `PUT`...
@@ -217,6 +223,44 @@ impl HttpRequest {
             .iter()
             .find(|(key, _)| key.eq_ignore_ascii_case(name))
             .map(|(_, value)| value.as_ref())
+    }
+}
+
+impl fmt::Debug for HttpRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const CREDENTIALS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
+        let headers: Vec<(&str, &dyn fmt::Debug)> = self
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let secret = CREDENTIALS.iter().any(|c| name.eq_ignore_ascii_case(c));
+                let value: &dyn fmt::Debug = if secret { &"<redacted>" } else { value };
+                (name.as_str(), value)
+            })
+            .collect();
+        // Synapse decodes parameter names, so `access%5Ftoken` is a token too.
+        let query = self.query.as_deref().map(|query| {
+            query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _))
+                        if name.contains('%') || name.to_ascii_lowercase().contains("token") =>
+                    {
+                        format!("{name}=<redacted>")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("&")
+        });
+        f.debug_struct("HttpRequest")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("query", &query)
+            .field("headers", &headers)
+            .field("body", &self.body)
+            .field("peer", &self.peer)
+            .finish()
     }
 }
 

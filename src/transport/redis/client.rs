@@ -28,7 +28,7 @@ use crate::transport::client::source::CatchUpSource;
 use crate::transport::client::waits::{PositionWaiter, WaitForPosition, Waits};
 use crate::transport::net::dial::Dial;
 use crate::transport::net::socket::{Link, Timer};
-use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime, deadline_after};
 
 /// Passes of a driver's poll before it yields to the executor.
 const BUDGET: usize = 32;
@@ -490,7 +490,7 @@ impl<R: Runtime> RedisClient<R> {
     /// returns `None` from now on. Send `CLEAR_USER_SYNC` first if this
     /// process had users syncing.
     pub async fn close(&mut self, timeout: Duration) {
-        let deadline = self.runtime.now() + timeout;
+        let deadline = deadline_after(self.runtime.now(), timeout);
         let mut sleep = self.runtime.sleep_until(deadline);
         let session = &mut self.session;
         let slots = &mut self.slots;
@@ -789,7 +789,8 @@ impl<R: Runtime> RedisClient<R> {
                             ?retry_in,
                             "cannot connect to Redis"
                         );
-                        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+                        slot.state =
+                            State::Waiting(self.runtime.sleep_until(deadline_after(now, retry_in)));
                         self.session.push_event(RedisEvent::ConnectFailed {
                             link,
                             error,
@@ -809,7 +810,8 @@ impl<R: Runtime> RedisClient<R> {
                     Err(error) => {
                         let retry_in = slot.backoff.next_delay();
                         tracing::warn!(%link, %error, ?retry_in, "no master from the sentinels");
-                        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+                        slot.state =
+                            State::Waiting(self.runtime.sleep_until(deadline_after(now, retry_in)));
                         self.session.push_event(RedisEvent::ConnectFailed {
                             link,
                             error,
@@ -947,7 +949,7 @@ impl<R: Runtime> RedisClient<R> {
         }
         let retry_in = slot.backoff.next_delay();
         tracing::warn!(%link, %reason, ?retry_in, "lost the connection to Redis");
-        slot.state = State::Waiting(self.runtime.sleep_until(now + retry_in));
+        slot.state = State::Waiting(self.runtime.sleep_until(deadline_after(now, retry_in)));
         self.session.disconnected(link, now);
         self.session.push_event(RedisEvent::Disconnected {
             link,

@@ -20,7 +20,7 @@ use crate::session::sentinel::{
 use crate::config::{Endpoint, RedisConfig};
 use crate::transport::client::backoff::Backoff;
 use crate::transport::net::dial;
-use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime, deadline_after};
 
 /// The master a [`MasterSearch`] found, and the connection that checked
 /// its role.
@@ -237,7 +237,7 @@ impl MasterSearch {
             }
         };
         self.state = SearchState::Connecting(connect);
-        self.deadline = Some(runtime.sleep_until(runtime.now() + timeout));
+        self.deadline = Some(runtime.sleep_until(deadline_after(runtime.now(), timeout)));
     }
 }
 
@@ -348,7 +348,7 @@ impl SentinelWatcher {
             .map_or(1, |s| s.sentinels().len().max(1));
         self.index = (self.index + 1) % count;
         let retry_in = self.backoff.next_delay();
-        self.state = WatchState::Waiting(runtime.sleep_until(now + retry_in));
+        self.state = WatchState::Waiting(runtime.sleep_until(deadline_after(now, retry_in)));
         SentinelEvent::WatchLost {
             sentinel,
             error,
@@ -377,7 +377,8 @@ impl SentinelWatcher {
                     let endpoint = self.endpoint();
                     let connect =
                         dial::connect(runtime, &endpoint, self.config.sentinel_tls(), None);
-                    let timeout = runtime.sleep_until(now + self.config.connect_timeout());
+                    let timeout =
+                        runtime.sleep_until(deadline_after(now, self.config.connect_timeout()));
                     self.state = WatchState::Connecting { connect, timeout };
                 }
                 WatchState::Waiting(sleep) => {

@@ -15,9 +15,26 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::io::{AsyncRead, AsyncWrite};
+
+/// `now + timeout`, as a deadline to sleep until. Any timeout a caller
+/// may pass works, up to `Duration::MAX` ("as long as it takes"): past
+/// about 30 years (tokio's own "far future", which every runtime's timer
+/// takes) it is 30 years, and `Instant`'s `+` would panic long before a
+/// `Duration` runs out.
+pub(crate) fn deadline_after(now: Instant, timeout: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+    let mut timeout = timeout.min(FAR_FUTURE);
+    loop {
+        // Ends: `now + 0` is always an instant.
+        match now.checked_add(timeout) {
+            Some(deadline) => return deadline,
+            None => timeout /= 2,
+        }
+    }
+}
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -108,5 +125,21 @@ impl<R: Runtime + ?Sized> Runtime for Arc<R> {
 
     fn now(&self) -> Instant {
         (**self).now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_timeout_is_a_deadline() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        assert_eq!(deadline_after(now, secs(5)), now + secs(5));
+        assert_eq!(deadline_after(now, Duration::ZERO), now);
+        let far = deadline_after(now, Duration::MAX);
+        assert!(far >= now + secs(29 * 365 * 24 * 60 * 60), "{far:?}");
+        assert_eq!(deadline_after(now, Duration::from_secs(u64::MAX)), far);
     }
 }

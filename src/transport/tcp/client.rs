@@ -23,7 +23,7 @@ use crate::transport::client::command_queue::{CommandQueue, CommandSender, Queue
 use crate::transport::client::source::CatchUpSource;
 use crate::transport::client::waits::{PositionWaiter, WaitForPosition, Waits};
 use crate::transport::net::socket::{BUDGET, Link, Timer};
-use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime, deadline_after};
 
 /// Options of a [`TcpClient`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,7 +304,7 @@ impl<R: Runtime> TcpClient<R> {
     /// returns `None` from now on.
     pub async fn close(&mut self) {
         if let ClientState::Connected(live) = &mut self.state {
-            let deadline = self.runtime.now() + self.session.config().close_timeout;
+            let deadline = deadline_after(self.runtime.now(), self.session.config().close_timeout);
             let mut sleep = self.runtime.sleep_until(deadline);
             let session = &mut self.session;
             poll_fn(|cx| {
@@ -478,7 +478,7 @@ impl<R: Runtime> TcpClient<R> {
     }
 
     fn start_connecting(&mut self, now: Instant) {
-        let deadline = now + self.options.connect_timeout;
+        let deadline = deadline_after(now, self.options.connect_timeout);
         self.state = ClientState::Connecting {
             connect: self.runtime.connect(&self.addr),
             timeout: self.runtime.sleep_until(deadline),
@@ -488,7 +488,7 @@ impl<R: Runtime> TcpClient<R> {
     /// Schedules the next attempt; returns its delay.
     fn wait(&mut self, now: Instant) -> Duration {
         let retry_in = self.backoff.next_delay();
-        self.state = ClientState::Waiting(self.runtime.sleep_until(now + retry_in));
+        self.state = ClientState::Waiting(self.runtime.sleep_until(deadline_after(now, retry_in)));
         retry_in
     }
 

@@ -14,7 +14,7 @@ use crate::session::{
 };
 
 use crate::transport::net::socket::{BUDGET, Link, Timer};
-use crate::transport::runtime::{BoxFuture, Listener, Runtime};
+use crate::transport::runtime::{BoxFuture, Listener, Runtime, deadline_after};
 
 /// Options of a [`TcpServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,7 +250,7 @@ impl<R: Runtime> TcpServer<R> {
                 }
                 Poll::Ready(Err(error)) => {
                     self.events.push_back(TcpServerEvent::AcceptFailed(error));
-                    let until = now + self.options.accept_pause;
+                    let until = deadline_after(now, self.options.accept_pause);
                     self.accept_pause = Some(self.runtime.sleep_until(until));
                     return true;
                 }
