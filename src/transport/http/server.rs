@@ -520,14 +520,23 @@ impl<R: Runtime> HttpServer<R> {
     ///   caller's positions ([`with_waiter`](Self::with_waiter)),
     ///   five seconds at most, then handles the call anyway, as Synapse
     ///   does;
-    /// - for an endpoint that caches, the answer is kept 30 minutes under
-    ///   the call's txn id: a retry is answered, not handled again, and a
-    ///   duplicate that comes while the first is handled waits for its
-    ///   answer; a refusal or a timeout is not kept, and a txn id reused
-    ///   for another request is refused (400);
+    /// - for an endpoint that caches, the handler runs once per txn id,
+    ///   to its end: apart from the call's connection, so that neither a
+    ///   caller that goes away nor the request timeout cancels it (as
+    ///   Synapse's `ResponseCache` lets the first run finish). Its answer
+    ///   is kept 30 minutes under the txn id: a retry is answered, not
+    ///   handled again, and a retry that comes while the run goes on
+    ///   waits for it (within its own request timeout: 504 if the run is
+    ///   not done by then, as Synapse answers). A refusal is not kept (as
+    ///   Synapse forgets a failure: the next call with that txn id is
+    ///   handled again); a txn id reused for another request is refused
+    ///   (400). At most 10,000 calls are kept, answered or running (503
+    ///   beyond, when all are running), and 16 wait for one run;
     /// - the handler's content is answered 200, a
     ///   [`ReplicationError`] with its status and Synapse's error body,
-    ///   and no answer within [`HttpServerConfig::request_timeout`] 504;
+    ///   and no answer within [`HttpServerConfig::request_timeout`] 504
+    ///   (the handler of an endpoint that does not cache, or of a call
+    ///   without a txn id, is then dropped);
     /// - a 200 answer of an endpoint that waits for streams carries the
     ///   positions of the streams this process writes
     ///   ([`with_positions`](Self::with_positions)).
@@ -695,8 +704,18 @@ impl<R: Runtime> HttpServer<R> {
         let mut refusals: FuturesUnordered<BoxFuture<'static, IpAddr>> = FuturesUnordered::new();
         let mut pause: Option<BoxFuture<'static, ()>> = None;
         let mut accepted: VecDeque<(BoxConnection, SocketAddr)> = VecDeque::new();
+        // The handlers of calls with a txn id, run to their end whatever
+        // their connections do.
+        let mut queued_runs = shared.calls.as_ref().and_then(Calls::take_runs);
+        let mut runs: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
         poll_fn(|cx| {
             loop {
+                while let Some(Poll::Ready(Some(run))) =
+                    queued_runs.as_mut().map(|queue| queue.poll_next_unpin(cx))
+                {
+                    runs.push(run);
+                }
+                while let Poll::Ready(Some(())) = runs.poll_next_unpin(cx) {}
                 while let Poll::Ready(Some(ip)) = connections.poll_next_unpin(cx) {
                     slots.release(ip);
                 }
@@ -784,7 +803,7 @@ async fn serve<R: Runtime>(
             let shared = Arc::clone(&shared);
             let runtime = Arc::clone(&runtime);
             async move {
-                let answer = shared.answer(&*runtime, request, peer, deadline).await;
+                let answer = shared.answer(&runtime, request, peer, deadline).await;
                 Ok::<_, Infallible>(response(answer))
             }
         })
@@ -917,7 +936,7 @@ impl Shared {
     }
 
     /// The status and body for one request.
-    async fn answer<R: Runtime>(
+    async fn answer<R: Runtime + Clone>(
         &self,
         runtime: &R,
         request: hyper::Request<Incoming>,
@@ -1070,7 +1089,7 @@ impl Shared {
 
     /// A call of the replication HTTP API: its headers checked before its
     /// body is read, then its body, then [`Calls::answer`].
-    async fn call<R: Runtime>(
+    async fn call<R: Runtime + Clone>(
         &self,
         runtime: &R,
         request: hyper::Request<Incoming>,
