@@ -297,6 +297,45 @@ fn a_call_not_answered_in_time_runs_on_and_its_retries_get_its_answer() {
     });
 }
 
+#[test]
+fn a_body_trickled_after_prompt_headers_is_cut_at_the_body_timeout() {
+    use std::io::{Read, Write};
+    let seen = Arc::new(Seen::default());
+    let mut config = HttpServerConfig::default();
+    config.body_timeout = Duration::from_secs(1);
+    let addr = server(Arc::clone(&seen), Duration::ZERO, config);
+    // Headers with the secret at once (the call is admitted), then the
+    // body a byte every 100 ms: all of it well within the request
+    // timeout, never within the body timeout.
+    let mut socket = std::net::TcpStream::connect(addr).expect("connects");
+    let headers = format!(
+        "POST {} HTTP/1.1\r\nHost: rust1:80\r\nAuthorization: Bearer {SECRET}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        edu("trickled"),
+        BODY.len()
+    );
+    socket.write_all(headers.as_bytes()).expect("writes");
+    let mut writer = socket.try_clone().expect("a second handle");
+    let trickle = std::thread::spawn(move || {
+        for byte in BODY.bytes() {
+            if writer.write_all(&[byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("a read timeout");
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(seen.handled.load(Ordering::SeqCst), 0, "handled");
+    drop(socket);
+    trickle.join().expect("the writer");
+}
+
 /// A request (method, path, secret, body) and the status and errcode it
 /// is answered.
 type Case<'a> = (&'a str, String, Option<&'a str>, String, u16, &'a str);
