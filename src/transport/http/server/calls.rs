@@ -123,7 +123,7 @@ impl Calls {
 
     /// The answer of a call with a txn id: handled once, kept for its
     /// retries, waited for by its concurrent duplicates. The handler runs
-    /// apart from the connection (in [`Calls::runs`]), to its end: as
+    /// apart from the connection (in the server's own loop), to its end: as
     /// Synapse's `ResponseCache` does, a caller that goes away or a
     /// request timeout cancels no run, and the retries Synapse makes of a
     /// 504 wait for that run rather than start another.
