@@ -150,13 +150,10 @@ impl Calls {
             CacheLookup::Wait => false,
             CacheLookup::Handle => true,
         };
-        // The first call waits for its run as its retries do.
+        // The first call waits for its run as its retries do (before the
+        // run is polled, so that it cannot miss the answer).
         let (tx, rx) = oneshot::channel();
-        if lock(&self.cache).wait(endpoint, txn_id, tx).is_err() {
-            // Only when others wait already: a run has just started
-            // the entry, with no waiter yet.
-            return error(&ReplicationError::Busy);
-        }
+        let waiting = lock(&self.cache).wait(endpoint, txn_id, tx).is_ok();
         if started {
             let run = InFlight {
                 cache: Arc::clone(&self.cache),
@@ -168,6 +165,10 @@ impl Calls {
             // Refused only once `HttpServer::run` is gone: the run is
             // dropped, and its guard answers the waiters.
             let _ = self.runs.unbounded_send(Box::pin(run));
+        }
+        if !waiting {
+            // As many wait for this run already.
+            return error(&ReplicationError::Busy);
         }
         match future::select(rx, runtime.sleep_until(deadline)).await {
             Either::Left((Ok(answer), _)) => (answer.status, answer.body),
@@ -248,6 +249,7 @@ impl Drop for InFlight {
             return;
         }
         let (status, body) = timed_out();
+        // Not kept: the time (which only dates kept answers) is moot.
         self.finish(CachedAnswer { status, body }, false, Instant::now());
     }
 }
