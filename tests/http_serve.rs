@@ -2,8 +2,9 @@
 //! is answered whatever its `Host`, the crate's own client reads the
 //! answers, and what a peer may hold is bounded: requests too large, too
 //! many at once, a slow source; headers that never finish, a wrong secret
-//! with a body still to come, one peer holding idle sockets, and a flood
-//! of refused requests in the log.
+//! with a body still to come, sockets held open or trickling headers from
+//! the writer's own address (or several, or IPv6) that must not keep a
+//! catch-up out, and a flood of refused requests in the log.
 
 #![cfg(all(
     feature = "http-server",
@@ -15,9 +16,9 @@
 use std::fmt;
 use std::future::Future;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use synapse_replication::positions::BoxError;
@@ -186,16 +187,12 @@ fn eventually(what: &str, condition: impl Fn() -> bool) {
 
 /// The limits of the new tests: a request timeout far beyond what they
 /// wait, so that only the bound under test can close a connection.
-fn limits(
-    header_timeout: Duration,
-    max_concurrent: usize,
-    max_per_peer: usize,
-) -> HttpServerConfig {
+fn limits(header_timeout: Duration, max_concurrent: usize, max_pending: usize) -> HttpServerConfig {
     let mut config = HttpServerConfig::default();
     config.request_timeout = REQUEST_TIMEOUT;
     config.header_timeout = header_timeout;
     config.max_concurrent = max_concurrent;
-    config.max_per_peer = max_per_peer;
+    config.max_pending = max_pending;
     config
 }
 
@@ -433,7 +430,7 @@ fn beyond_the_limit_is_503_and_a_slow_source_504() {
 #[test]
 fn headers_not_complete_by_the_header_timeout_are_closed() {
     let server =
-        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(1), 64, 16));
+        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(1), 64, 128));
     let counters = server.counters();
     let addr = start(server);
 
@@ -480,7 +477,7 @@ fn headers_not_complete_by_the_header_timeout_are_closed() {
 fn a_wrong_secret_is_refused_as_soon_as_the_headers_are_in() {
     let handled = Arc::new(AtomicUsize::new(0));
     let server = smol::block_on(bind(history()))
-        .with_config(limits(Duration::from_secs(20), 64, 16))
+        .with_config(limits(Duration::from_secs(20), 64, 128))
         .with_handler({
             let handled = Arc::clone(&handled);
             move |request| {
@@ -552,9 +549,9 @@ fn a_wrong_secret_is_refused_as_soon_as_the_headers_are_in() {
 }
 
 #[test]
-fn one_peer_holding_idle_sockets_cannot_take_every_slot() {
-    // Four slots, two per peer; headers may take longer than the test, so
-    // only the per-peer limit can close anything.
+fn the_oldest_connection_without_its_headers_makes_room_for_a_new_one() {
+    // Two pending slots; headers may take longer than the test, so only
+    // making room can close anything.
     let server = smol::block_on(bind(history())).with_config(limits(Duration::from_secs(20), 4, 2));
     let counters = server.counters();
     let addr = start(server);
@@ -562,7 +559,7 @@ fn one_peer_holding_idle_sockets_cannot_take_every_slot() {
         "GET /_synapse/replication/get_repl_stream_updates/typing/t HTTP/1.1\r\nHost: x\r\n";
 
     // 127.0.0.2 opens four sockets and sends half a request on each: the
-    // first two are its share, the next two are closed at once.
+    // third and fourth are taken, and the first two closed for them.
     let attacker = Ipv4Addr::new(127, 0, 0, 2);
     let mut idle: Vec<TcpStream> = (0..4)
         .map(|_| {
@@ -571,32 +568,185 @@ fn one_peer_holding_idle_sockets_cannot_take_every_slot() {
             socket
         })
         .collect();
-    for (index, socket) in idle.iter_mut().enumerate().skip(2) {
+    for (index, socket) in idle.iter_mut().enumerate().take(2) {
         let answer = read_until_closed(socket, CLOSED_WITHIN)
-            .unwrap_or_else(|| panic!("socket {index} of one peer beyond its share is open"));
+            .unwrap_or_else(|| panic!("socket {index}, the oldest, is still open"));
         assert!(answer.is_empty(), "closed unanswered: {answer:?}");
     }
-    eventually("two connections refused", || counters.busy() == 2);
+    eventually("two connections closed for room", || counters.busy() == 2);
 
-    // Another peer (127.0.0.1) is served meanwhile.
-    let mut socket = TcpStream::connect(addr).expect("connects");
+    // A catch-up from the same address is served: the oldest pending
+    // socket makes room for it, and the newest stays.
+    let mut socket = connect_from(attacker, addr);
     socket
         .write_all(catch_up_get("t", Some(&format!("Bearer {SECRET}"))).as_bytes())
         .expect("writes");
     let answer = read_until_closed(&mut socket, CLOSED_WITHIN).expect("answered");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
-    assert_eq!((counters.pages(), counters.busy()), (1, 2));
+    assert_eq!((counters.pages(), counters.busy()), (1, 3));
+    let answer = read_until_closed(&mut idle[2], CLOSED_WITHIN).expect("closed for room");
+    assert!(answer.is_empty(), "closed unanswered: {answer:?}");
+    idle[3]
+        .set_nonblocking(true)
+        .expect("a non-blocking socket");
+    let mut byte = [0; 1];
+    let open = idle[3].read(&mut byte);
+    assert!(
+        matches!(open, Err(ref error) if error.kind() == ErrorKind::WouldBlock),
+        "the newest is still open: {open:?}"
+    );
+}
 
-    // Once the peer lets go of its sockets, it is served again.
-    drop(idle);
-    eventually("the peer's slots are free", || {
-        let mut socket = connect_from(attacker, addr);
-        let get = catch_up_get("t", Some(&format!("Bearer {SECRET}")));
-        socket.write_all(get.as_bytes()).is_ok()
-            && read_until_closed(&mut socket, CLOSED_WITHIN)
-                .is_some_and(|answer| answer.starts_with(b"HTTP/1.1 200 OK\r\n"))
+/// A neighbour on the writer's host: `count` sockets kept open to `addr`
+/// from `sources` (in turn), half of them idle, half trickling headers
+/// that never end a byte at a time, each opened again as soon as the
+/// server closes it, until dropped.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    /// Sockets opened so far, reopened ones included.
+    opened: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(addr: SocketAddr, sources: Vec<IpAddr>, count: usize) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let opened = Arc::new(AtomicUsize::new(0));
+        let thread = std::thread::spawn({
+            let (stop, opened) = (Arc::clone(&stop), Arc::clone(&opened));
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .build()
+                    .expect("a runtime");
+                let open = |index: usize| {
+                    let source = sources[index % sources.len()];
+                    let stream = runtime.block_on(async {
+                        let socket = match source {
+                            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+                            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+                        }
+                        .ok()?;
+                        socket.bind(SocketAddr::new(source, 0)).ok()?;
+                        socket.connect(addr).await.ok()
+                    })?;
+                    let stream = stream.into_std().ok()?;
+                    stream.set_nonblocking(true).ok()?;
+                    opened.fetch_add(1, Ordering::SeqCst);
+                    Some(stream)
+                };
+                let header = b"GET /_synapse/replication/get_repl_stream_updates/typing/t?from_token=1&upto_token=3 HTTP/1.1\r\nHost: x\r\nX-Never-Ends: ";
+                let mut sockets: Vec<(Option<TcpStream>, usize)> =
+                    (0..count).map(|index| (open(index), 0)).collect();
+                while !stop.load(Ordering::SeqCst) {
+                    for (index, (socket, sent)) in sockets.iter_mut().enumerate() {
+                        let alive = socket.as_mut().is_some_and(|socket| {
+                            let mut byte = [0; 1];
+                            let open = matches!(
+                                socket.read(&mut byte),
+                                Err(ref error) if error.kind() == ErrorKind::WouldBlock
+                            );
+                            if !open || index % 2 == 0 {
+                                return open;
+                            }
+                            let next = header.get(*sent).copied().unwrap_or(b'a');
+                            *sent += 1;
+                            socket.write(&[next]).is_ok()
+                        });
+                        if !alive {
+                            *socket = open(index);
+                            *sent = 0;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        });
+        Flood {
+            stop,
+            opened,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The bound: a catch-up is answered within 3 s, whatever the
+/// neighbours hold.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(3);
+
+/// With `flood` holding 200 sockets to the server at `addr` (default
+/// limits), a few catch-ups from `from`, each answered 200 within
+/// [`ANSWERED_WITHIN`].
+fn catch_ups_get_through(addr: SocketAddr, from: IpAddr, flood: &Flood) {
+    eventually("the flood's sockets are open", || {
+        flood.opened.load(Ordering::SeqCst) >= 200
     });
+    // Time for the server to accept them all.
+    std::thread::sleep(Duration::from_millis(500));
+    let get = catch_up_get("t", Some(&format!("Bearer {SECRET}")));
+    for attempt in 0..5 {
+        let mut socket = match from {
+            IpAddr::V4(from) => connect_from(from, addr),
+            IpAddr::V6(_) => TcpStream::connect(addr).expect("connects"),
+        };
+        socket.write_all(get.as_bytes()).expect("writes");
+        let answer = read_until_closed(&mut socket, ANSWERED_WITHIN)
+            .unwrap_or_else(|| panic!("catch-up {attempt} not answered within 3 s"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK\r\n"),
+            "catch-up {attempt}: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_neighbour_on_the_writer_s_own_address_cannot_keep_a_catch_up_out() {
+    // Every Synapse process on the writer's host connects from 127.0.0.1,
+    // and so does the neighbour.
+    let addr = start(smol::block_on(bind(history())));
+    let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let flood = Flood::start(addr, vec![localhost], 200);
+    catch_ups_get_through(addr, localhost, &flood);
+}
+
+#[test]
+fn a_neighbour_on_four_addresses_cannot_keep_a_catch_up_out() {
+    let addr = start(smol::block_on(bind(history())));
+    let sources = (2..=5)
+        .map(|last| IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)))
+        .collect();
+    let flood = Flood::start(addr, sources, 200);
+    catch_ups_get_through(addr, IpAddr::V4(Ipv4Addr::LOCALHOST), &flood);
+}
+
+#[test]
+fn a_neighbour_over_ipv6_cannot_keep_a_catch_up_out() {
+    // Only ::1 is sure to be there: the neighbour and the catch-up share
+    // it, as they would share one /64.
+    let Ok(server) = smol::block_on(HttpServer::bind(
+        SmolRuntime,
+        "[::1]:0",
+        endpoint(),
+        history(),
+    )) else {
+        eprintln!("no IPv6 loopback here: skipped");
+        return;
+    };
+    let addr = start(server);
+    let flood = Flood::start(addr, vec![IpAddr::V6(Ipv6Addr::LOCALHOST)], 200);
+    catch_ups_get_through(addr, IpAddr::V6(Ipv6Addr::LOCALHOST), &flood);
 }
 
 /// The events logged at INFO or above on the thread that installed it,
@@ -668,7 +818,7 @@ fn refused_requests_are_logged_a_few_at_a_time_with_short_paths() {
     let logs = Logs::default();
     let _guard = tracing::subscriber::set_default(logs.clone());
     let server =
-        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(20), 64, 16));
+        smol::block_on(bind(history())).with_config(limits(Duration::from_secs(20), 64, 128));
     let counters = server.counters();
     let addr = server.local_addr().expect("its address");
     let long_txn = "t".repeat(4000);

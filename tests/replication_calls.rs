@@ -9,7 +9,7 @@
 #![cfg(all(feature = "http-server", feature = "runtime-smol"))]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,12 @@ const SECRET: &str = "s3cret";
 #[derive(Default)]
 struct Seen {
     calls: Mutex<Vec<ReplicationRequest>>,
+    /// Calls the handler started.
     handled: AtomicUsize,
+    /// Calls the handler ran to their end.
+    ended: AtomicUsize,
+    /// While set, the handler does not answer.
+    held: AtomicBool,
 }
 
 /// A server for `rust1` serving `fed_send_edu`, whose handler records
@@ -62,6 +67,10 @@ fn server(seen: Arc<Seen>, delay: Duration, config: HttpServerConfig) -> SocketA
         async move {
             seen.handled.fetch_add(1, Ordering::SeqCst);
             smol::Timer::after(delay).await;
+            while seen.held.load(Ordering::SeqCst) {
+                smol::Timer::after(Duration::from_millis(10)).await;
+            }
+            seen.ended.fetch_add(1, Ordering::SeqCst);
             let n = seen.handled.load(Ordering::SeqCst);
             seen.calls.lock().unwrap().push(call.clone());
             if call.content.get("refuse").is_some() {
@@ -215,6 +224,116 @@ fn a_refusal_is_not_kept_and_a_reused_txn_id_is_refused() {
         assert_eq!(json(&body)["errcode"], "M_INVALID_PARAM");
         assert_eq!(seen.handled.load(Ordering::SeqCst), 3);
     });
+}
+
+/// Waits (at most 10 s) for `condition`.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        smol::Timer::after(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn a_caller_that_goes_away_cancels_no_handler() {
+    let seen = Arc::new(Seen::default());
+    seen.held.store(true, Ordering::SeqCst);
+    let addr = server(
+        Arc::clone(&seen),
+        Duration::ZERO,
+        HttpServerConfig::default(),
+    );
+    smol::block_on(async {
+        // The first caller goes away while its call is being handled.
+        let first = smol::spawn(send(addr, "POST", &edu("gone"), Some(SECRET), BODY));
+        eventually("the call is handled", || {
+            seen.handled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        drop(first);
+        // Long enough for the server to see the connection closed.
+        smol::Timer::after(Duration::from_millis(500)).await;
+        // Its retry comes while the first run is still going: it waits
+        // for that run, which is neither cancelled nor started again.
+        let retry = smol::spawn(send(addr, "POST", &edu("gone"), Some(SECRET), BODY));
+        smol::Timer::after(Duration::from_millis(300)).await;
+        seen.held.store(false, Ordering::SeqCst);
+        let (status, body) = retry.await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(json(&body)["handled"], 1, "{body}");
+        let (status, again) = send(addr, "POST", &edu("gone"), Some(SECRET), BODY).await;
+        assert_eq!((status, json(&again)), (200, json(&body)));
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1, "started once");
+        assert_eq!(seen.ended.load(Ordering::SeqCst), 1, "ran to its end");
+    });
+}
+
+#[test]
+fn a_call_not_answered_in_time_runs_on_and_its_retries_get_its_answer() {
+    let seen = Arc::new(Seen::default());
+    seen.held.store(true, Ordering::SeqCst);
+    let mut config = HttpServerConfig::default();
+    config.request_timeout = Duration::from_secs(1);
+    let addr = server(Arc::clone(&seen), Duration::ZERO, config);
+    smol::block_on(async {
+        // Not answered within the request timeout: a 504, which Synapse
+        // retries with the same txn id.
+        let (status, body) = send(addr, "POST", &edu("slow"), Some(SECRET), BODY).await;
+        assert_eq!(status, 504, "{body}");
+        // A retry while the run goes on waits for it, and is answered 504
+        // too when it is still not done: the run is not started again.
+        let (status, body) = send(addr, "POST", &edu("slow"), Some(SECRET), BODY).await;
+        assert_eq!(status, 504, "{body}");
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1, "started again");
+        // Once it ends, its answer is every retry's.
+        seen.held.store(false, Ordering::SeqCst);
+        eventually("the run ends", || seen.ended.load(Ordering::SeqCst) == 1).await;
+        let (status, body) = send(addr, "POST", &edu("slow"), Some(SECRET), BODY).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(json(&body)["handled"], 1, "{body}");
+        assert_eq!(seen.handled.load(Ordering::SeqCst), 1);
+        assert_eq!(seen.ended.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn a_body_trickled_after_prompt_headers_is_cut_at_the_body_timeout() {
+    use std::io::{Read, Write};
+    let seen = Arc::new(Seen::default());
+    let mut config = HttpServerConfig::default();
+    config.body_timeout = Duration::from_secs(1);
+    let addr = server(Arc::clone(&seen), Duration::ZERO, config);
+    // Headers with the secret at once (the call is admitted), then the
+    // body a byte every 100 ms: all of it well within the request
+    // timeout, never within the body timeout.
+    let mut socket = std::net::TcpStream::connect(addr).expect("connects");
+    let headers = format!(
+        "POST {} HTTP/1.1\r\nHost: rust1:80\r\nAuthorization: Bearer {SECRET}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        edu("trickled"),
+        BODY.len()
+    );
+    socket.write_all(headers.as_bytes()).expect("writes");
+    let mut writer = socket.try_clone().expect("a second handle");
+    let trickle = std::thread::spawn(move || {
+        for byte in BODY.bytes() {
+            if writer.write_all(&[byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("a read timeout");
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+    assert_eq!(seen.handled.load(Ordering::SeqCst), 0, "handled");
+    drop(socket);
+    trickle.join().expect("the writer");
 }
 
 /// A request (method, path, secret, body) and the status and errcode it

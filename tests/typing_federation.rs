@@ -69,6 +69,7 @@ fn start_writer(rig: &SynapseRig, port: u16, admin_token: Option<String>) -> wri
             state: None,
         },
         &format!("127.0.0.1:{port}"),
+        "127.0.0.1:0",
     ))
     .expect("the writer starts")
 }
@@ -324,7 +325,8 @@ fn typing_crosses_federation_through_the_rust_typing_writer() {
     let (status, answer) = a.request_url(
         "PUT",
         &format!(
-            "http://127.0.0.1:{writer_port}/_matrix/client/v3/rooms/{}/typing/{}",
+            "http://{}/_matrix/client/v3/rooms/{}/typing/{}",
+            running.client_addr,
             segment(&room),
             segment(&alice)
         ),

@@ -231,11 +231,13 @@ fn writer_config(
     .expect("config")
 }
 
-/// Starts the Rust writer on `port`, with the state file `state`.
+/// Starts the Rust writer on `port`, its client API on `client_port` (0:
+/// any, in `Running::client_addr`), with the state file `state`.
 fn start_writer(
     synapse: SynapseConfig,
     homeserver: &str,
     port: u16,
+    client_port: u16,
     state: Option<&Path>,
 ) -> writer::Running {
     smol::block_on(writer::start(
@@ -247,12 +249,19 @@ fn start_writer(
             state: state.map(Path::to_path_buf),
         },
         &format!("127.0.0.1:{port}"),
+        &format!("127.0.0.1:{client_port}"),
     ))
     .expect("the writer starts")
 }
 
-/// Starts the Rust writer for `rig` on `port`.
-fn start_rig_writer(rig: &SynapseRig, port: u16, state: Option<&Path>) -> writer::Running {
+/// Starts the Rust writer for `rig` on `port`, its client API on
+/// `client_port`.
+fn start_rig_writer(
+    rig: &SynapseRig,
+    port: u16,
+    client_port: u16,
+    state: Option<&Path>,
+) -> writer::Running {
     let synapse = writer_config(
         &rig.server_name,
         rig.redis_port,
@@ -260,7 +269,7 @@ fn start_rig_writer(rig: &SynapseRig, port: u16, state: Option<&Path>) -> writer
         rig.replication_port,
         port,
     );
-    start_writer(synapse, &rig.client_url, port, state)
+    start_writer(synapse, &rig.client_url, port, client_port, state)
 }
 
 /// The rig's config for the Rust writer on `port`.
@@ -275,9 +284,10 @@ fn rig_config(port: u16) -> Value {
 fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
     let port = free_port();
     let rig = SynapseRig::start_with(&rig_config(port));
-    let running = start_rig_writer(&rig, port, None);
+    let running = start_rig_writer(&rig, port, 0, None);
     let writer = running.writer.clone();
     let writer_url = format!("http://127.0.0.1:{port}");
+    let client_url = format!("http://{}", running.client_addr);
     // Tokens start at the clock, never at 0: main, at 0, fetches (0, start]
     // on the first announcement, and gets nothing.
     let start = writer.token();
@@ -290,7 +300,7 @@ fn synapse_follows_and_catches_up_from_the_rust_typing_writer() {
     rig.join_room(&bob_token, &room);
     let typing_path = |user: &str| {
         format!(
-            "{writer_url}/_matrix/client/v3/rooms/{}/typing/{}",
+            "{client_url}/_matrix/client/v3/rooms/{}/typing/{}",
             segment(&room),
             segment(user)
         )
@@ -530,8 +540,10 @@ fn a_restarted_writer_is_followed_at_once_and_clears_what_it_left_shown() {
     let port = free_port();
     let rig = SynapseRig::start_with(&rig_config(port));
     let state = rig.dir.join("typing-state.json");
-    let running = start_rig_writer(&rig, port, Some(&state));
-    let writer_url = format!("http://127.0.0.1:{port}");
+    // The same client port after the restart, as behind a reverse proxy.
+    let client_port = free_port();
+    let running = start_rig_writer(&rig, port, client_port, Some(&state));
+    let client_url = format!("http://127.0.0.1:{client_port}");
 
     let alice_token = rig.register("alice", "alice-password");
     let bob_token = rig.register("bob", "bob-password");
@@ -548,7 +560,7 @@ fn a_restarted_writer_is_followed_at_once_and_clears_what_it_left_shown() {
     }
     let set_typing = |room: &str, token: &str, user: &str, body: Value| {
         let url = format!(
-            "{writer_url}/_matrix/client/v3/rooms/{}/typing/{}",
+            "{client_url}/_matrix/client/v3/rooms/{}/typing/{}",
             segment(room),
             segment(user)
         );
@@ -588,7 +600,7 @@ fn a_restarted_writer_is_followed_at_once_and_clears_what_it_left_shown() {
         std::slice::from_ref(&alice)
     );
 
-    let running = start_rig_writer(&rig, port, Some(&state));
+    let running = start_rig_writer(&rig, port, client_port, Some(&state));
     let writer = running.writer.clone();
     assert!(
         writer.token() > old,
@@ -671,7 +683,7 @@ fn a_restart_starts_above_the_old_run_with_or_without_its_state_file() {
     let (redis_port, main_port, port) = (free_port(), free_port(), free_port());
     let start = |state: &Path| {
         let synapse = writer_config("example.com", redis_port, "secret", main_port, port);
-        start_writer(synapse, "http://127.0.0.1:1", port, Some(state))
+        start_writer(synapse, "http://127.0.0.1:1", port, 0, Some(state))
     };
     let fetch = |from: Token, to: Token| {
         let source = HttpCatchUp::with_locator(
@@ -763,4 +775,41 @@ fn a_restart_starts_above_the_old_run_with_or_without_its_state_file() {
     assert!(fourth.writer.token() > lost);
     smol::block_on(fourth.stop());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends `request` to `addr` as is; the answer's status line.
+fn status_line(addr: std::net::SocketAddr, request: &str) -> String {
+    let mut socket = TcpStream::connect(addr).expect("connects");
+    socket.write_all(request.as_bytes()).expect("writes");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn the_typing_route_has_a_listener_of_its_own() {
+    // Needs neither Synapse nor Redis: only the two listeners.
+    let (redis_port, main_port, port) = (free_port(), free_port(), free_port());
+    let synapse = writer_config("example.com", redis_port, "secret", main_port, port);
+    let running = start_writer(synapse, "http://127.0.0.1:1", port, 0, None);
+    let replication = running.addr;
+    let client = running.client_addr;
+    assert_ne!(replication.port(), client.port());
+    let typing = "PUT /_matrix/client/v3/rooms/!r:x/typing/@u:x HTTP/1.1\r\nHost: x\r\n\
+                  Content-Length: 2\r\n\r\n{}";
+    let catch_up = "GET /_synapse/replication/get_repl_stream_updates/typing/t1?from_token=0&upto_token=1 \
+                    HTTP/1.1\r\nHost: rust1:80\r\nAuthorization: Bearer secret\r\n\r\n";
+    // The public route is served on the client listener only (401: no
+    // access token), so its clients never hold the replication
+    // listener's connections.
+    assert_eq!(status_line(client, typing), "HTTP/1.1 401 Unauthorized");
+    assert_eq!(status_line(replication, typing), "HTTP/1.1 404 Not Found");
+    // Catch-up is served on the replication listener only.
+    assert_eq!(status_line(replication, catch_up), "HTTP/1.1 200 OK");
+    assert_eq!(status_line(client, catch_up), "HTTP/1.1 400 Bad Request");
+    smol::block_on(running.stop());
 }

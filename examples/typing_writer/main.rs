@@ -4,13 +4,13 @@
 //! ```text
 //! cargo run --example typing_writer --features http-server,http-catch-up -- \
 //!     --server-name example.com --instance rust_typing \
-//!     --redis 127.0.0.1:6379 --listen 127.0.0.1:9100 \
+//!     --redis 127.0.0.1:6379 --listen 127.0.0.1:9100 --client-listen 127.0.0.1:9101 \
 //!     --homeserver http://127.0.0.1:8008 --secret "$REPLICATION_SECRET" \
 //!     --admin-token "$ADMIN_TOKEN" --state /var/lib/rust_typing/state.json
-//! # or: --config homeserver.json (Synapse's config, as JSON) --instance ... --listen ... --homeserver ...
+//! # or: --config homeserver.json (Synapse's config, as JSON) --instance ... --listen ... --client-listen ... --homeserver ...
 //! ```
 //!
-//! It serves, on `--listen`:
+//! It serves, on `--client-listen`:
 //! - `PUT /_matrix/client/{v3,r0,unstable}/rooms/{roomId}/typing/{userId}`
 //!   (route it there from the reverse proxy), checking the access token
 //!   (`/account/whoami`) and the membership (`joined_members`) against the
@@ -20,6 +20,10 @@
 //!   unknown one is not remembered at all. At most 1024 tokens and 1024
 //!   memberships are remembered at once, so that made-up tokens or room
 //!   ids cost the homeserver a lookup each, never this process memory;
+//!
+//! and on `--listen` (its `instance_map` address), apart, so that the
+//! public route's clients never take the slots Synapse's processes need
+//! there:
 //! - `GET /_synapse/replication/get_repl_stream_updates/typing/...`, the
 //!   catch-up Synapse's processes make (its `instance_map` address), from
 //!   an in-memory history answered per room as Synapse's writer answers;
@@ -74,7 +78,8 @@ use serde_json::{Value, json};
 use synapse_replication::config::SynapseConfig;
 
 const USAGE: &str = "usage: typing_writer [--config FILE.json] [--server-name NAME] \
---instance NAME [--redis HOST:PORT] --listen HOST:PORT --homeserver http://HOST:PORT \
+--instance NAME [--redis HOST:PORT] --listen HOST:PORT --client-listen HOST:PORT \
+--homeserver http://HOST:PORT \
 [--secret SECRET] [--admin-token TOKEN] [--state FILE]";
 
 fn main() -> ExitCode {
@@ -101,6 +106,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let flag = |name: &str| flags.get(name).cloned();
     let instance = flag("--instance").ok_or("--instance is required")?;
     let listen = flag("--listen").ok_or("--listen is required")?;
+    let client_listen = flag("--client-listen").ok_or("--client-listen is required")?;
     let homeserver = flag("--homeserver").ok_or("--homeserver is required")?;
 
     let mut config: Value = match flag("--config") {
@@ -133,9 +139,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 state: flag("--state").map(std::path::PathBuf::from),
             },
             &listen,
+            &client_listen,
         )
         .await?;
-        eprintln!("typing writer: listening on {}", running.addr);
+        eprintln!(
+            "typing writer: replication on {}, client API on {}",
+            running.addr, running.client_addr
+        );
         futures::future::pending::<()>().await;
         Ok(())
     })

@@ -267,11 +267,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Running {
     /// The writer.
     pub writer: Arc<TypingWriter>,
-    /// Where its HTTP listener (replication and client API) is.
+    /// Where its replication listener (catch-up, `fed_send_edu`) is.
     pub addr: SocketAddr,
-    /// What the HTTP server did.
+    /// Where its client API listener (the typing route) is.
+    pub client_addr: SocketAddr,
+    /// What the replication HTTP server did.
     pub counters: HttpServerCounters,
-    /// The HTTP server, the Redis client and the timeouts.
+    /// The HTTP servers, the Redis client and the timeouts.
     tasks: Vec<smol::Task<()>>,
 }
 
@@ -295,8 +297,13 @@ impl Drop for Running {
     }
 }
 
-/// Starts the writer: the HTTP listener on `listen`, the Redis client, and
-/// the timeout task, each on smol's executor.
+/// Starts the writer: the replication listener on `listen`, the client
+/// API's on `client_listen`, the Redis client, and the timeout task, each
+/// on smol's executor.
+///
+/// Two listeners, so that the public typing route (anyone the reverse
+/// proxy lets through) never contends with Synapse's processes for the
+/// replication server's slots: each server bounds its own connections.
 ///
 /// Its tokens start above the previous run's (`restart.rs`): at
 /// `max(saved + 1, ms since the epoch)`, `saved` from the state file. The
@@ -304,7 +311,7 @@ impl Drop for Running {
 /// each, at the next tokens, before anything is served: kept in the
 /// history, they are what a follower at an older token fetches after the
 /// first connection's `POSITION typing <instance> <cur> <cur>`.
-pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
+pub async fn start(options: Options, listen: &str, client_listen: &str) -> io::Result<Running> {
     let instance = InstanceName::from(options.instance.as_str());
     let history = Arc::new(Mutex::new(
         History::new(HISTORY_ROWS).with_mode(StreamName::Typing, HistoryMode::Keyed { key_len: 1 }),
@@ -337,13 +344,12 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         );
     }
 
-    let endpoint = CatchUpEndpoint::new(
-        instance.clone(),
-        options.synapse.replication_secret().map(str::to_owned),
-    )
-    .with_streams([StreamName::Typing]);
+    let secret = options.synapse.replication_secret().map(str::to_owned);
+    let endpoint =
+        CatchUpEndpoint::new(instance.clone(), secret.clone()).with_streams([StreamName::Typing]);
     let source = Arc::new(Served { history, served });
     let handler_writer = writer.clone();
+    let unserved_writer = writer.clone();
     let edu_writer = writer.clone();
     let position_writer = writer.clone();
     // fed_send_edu: the server checks the secret and the body, waits until
@@ -351,7 +357,7 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
     // say), answers a retried txn id without calling the handler again,
     // and each answer carries the typing position, which the caller waits
     // for.
-    let server = HttpServer::bind(SmolRuntime, listen, endpoint, source)
+    let server = HttpServer::bind(SmolRuntime, listen, endpoint, source.clone())
         .await?
         .with_writers(options.synapse.writers().clone())
         .with_endpoint(ReplicationEndpoint::fed_send_edu(), move |call| {
@@ -361,19 +367,31 @@ pub async fn start(options: Options, listen: &str) -> io::Result<Running> {
         .with_positions(move || vec![(StreamName::Typing, position_writer.token())])
         .with_waiter(client.waiter())
         .with_handler(move |request| {
+            let response = unserved_writer.unserved(request);
+            async move { response }.boxed()
+        });
+    // The client API: no stream is served there (a catch-up is refused
+    // 400, after the secret), only the typing route.
+    let client_endpoint = CatchUpEndpoint::new(instance.clone(), secret).with_streams([]);
+    let client_server = HttpServer::bind(SmolRuntime, client_listen, client_endpoint, source)
+        .await?
+        .with_handler(move |request| {
             let writer = handler_writer.clone();
             async move { writer.answer(request).await }.boxed()
         });
     let addr = server.local_addr()?;
+    let client_addr = client_server.local_addr()?;
     let counters = server.counters();
     let tasks = vec![
         smol::spawn(server.run()),
+        smol::spawn(client_server.run()),
         smol::spawn(redis_task(client, writer.clone())),
         smol::spawn(timeout_task(writer.clone())),
     ];
     Ok(Running {
         writer,
         addr,
+        client_addr,
         counters,
         tasks,
     })
@@ -594,13 +612,20 @@ impl TypingWriter {
         }
     }
 
-    /// Any request but a catch-up, answered and logged (an access log: a
-    /// route Synapse calls that this writer does not serve shows here).
+    /// A request to the client API's listener, answered and logged (an
+    /// access log).
     pub async fn answer(&self, request: HttpRequest) -> HttpResponse {
         let (method, path) = (request.method.clone(), request.path.clone());
         let response = self.client_api(request).await;
         self.log_answer(method, path, response.status);
         response
+    }
+
+    /// A route of the replication listener that this writer does not
+    /// serve (Synapse calling something of a typing writer), noted.
+    pub fn unserved(&self, request: HttpRequest) -> HttpResponse {
+        self.log_answer(request.method, request.path, 404);
+        HttpResponse::error(404, "M_UNRECOGNIZED", "Unrecognized request")
     }
 
     fn log_answer(&self, method: String, path: String, status: u16) {
@@ -1004,7 +1029,9 @@ mod tests {
             admin_token: None,
             state: None,
         };
-        start(options, "127.0.0.1:0").await.expect("a writer")
+        start(options, "127.0.0.1:0", "127.0.0.1:0")
+            .await
+            .expect("a writer")
     }
 
     #[test]

@@ -12,12 +12,12 @@
 //! works on smol and tokio alike. With the `tls` feature it serves HTTPS
 //! ([`HttpServer::with_tls`]), rustls underneath.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,7 +26,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use futures::future::{self, Either};
+use futures::future::{self, AbortHandle, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderMap, HeaderValue};
@@ -42,7 +42,7 @@ use super::hyper_io::HyperIo;
 use crate::config::{Endpoint, InstanceLocation, SynapseConfig};
 use crate::transport::client::source::CatchUpSource;
 use crate::transport::client::waits::PositionWaiter;
-use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime};
+use crate::transport::runtime::{BoxConnection, BoxFuture, Listener, Runtime, deadline_after};
 use crate::wire::{InstanceName, StreamName, Token};
 use crate::writers::WriterRegistry;
 
@@ -50,16 +50,13 @@ mod calls;
 mod limits;
 
 use calls::{CallHandler, Calls, PositionsFn, WaitFn};
-use limits::{LOG_BURST, LOG_WINDOW, PeerSlots, RefusalLog, Verdict, short_path};
+use limits::{Admission, LOG_BURST, LOG_WINDOW, RefusalLog, Slots, Verdict, short_path};
 
 /// The size of the buffer bytes are read into before hyper copies them.
 const READ_CHUNK: usize = 16 * 1024;
 
 /// hyper's smallest read buffer.
 const MIN_BUFFER: usize = 8192;
-
-/// How long a refused connection may take to hear its 503.
-const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where every Synapse replication route starts: requests under it carry
 /// the secret, whichever route they are for.
@@ -70,6 +67,17 @@ const REPLICATION_PREFIX: &str = "/_synapse/replication/";
 const SECRET_PROBE: &str = "/_synapse/replication/get_repl_stream_updates/-/-";
 
 /// Limits of an [`HttpServer`].
+///
+/// A connection is *pending* from its accept until its request's headers
+/// are in, complete, with the secret (when the endpoint has one) and for
+/// a replication route; it is then *admitted*. Pending connections are
+/// cheap to open and prove nothing, so they make room for each other:
+/// beyond [`max_pending`](Self::max_pending) the oldest is closed for
+/// the newcomer, whatever address either comes from. Synapse sends its
+/// few headers at once, so its requests are admitted long before they
+/// are the oldest; sockets left open, or trickling headers, by anyone
+/// (on the writer's own host, where all of Synapse's processes connect
+/// from, or from many addresses) are what is closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HttpServerConfig {
@@ -77,26 +85,30 @@ pub struct HttpServerConfig {
     /// at least 8 KiB, hyper's smallest buffer). Longer headers end the
     /// connection (hyper answers 431); a longer body is answered 413.
     pub max_request_bytes: usize,
-    /// Requests served at once (64). A connection beyond it is answered
-    /// 503 at once and closed; beyond twice it, closed unanswered. Each
-    /// connection carries one request (`Connection: close`).
+    /// Requests admitted at once (64; at least 1): catch-ups and calls
+    /// whose headers came with the secret, being answered. One beyond it
+    /// is answered 503 from its headers. Admitted connections are never
+    /// closed to make room. Each connection carries one request
+    /// (`Connection: close`).
     pub max_concurrent: usize,
-    /// Connections open at once from one IP address (16; at least 1),
-    /// whatever they are doing: a TLS handshake, headers on their way, a
-    /// request being answered or refused. A connection beyond it is
-    /// closed at once, unanswered, so that one peer holding idle sockets
-    /// cannot take the slots of [`max_concurrent`](Self::max_concurrent)
-    /// from the others. Loopback and private addresses count like any
-    /// other, and each IPv6 address on its own (an IPv4 address mapped
-    /// into IPv6 counts as the IPv4 one). Synapse's processes on one host
-    /// share its address: with many of them there, raise it.
-    pub max_per_peer: usize,
+    /// Connections pending at once (128; at least 1): a TLS handshake,
+    /// headers on their way, a request refused from its headers, or a
+    /// request for a route of the application's own
+    /// ([`HttpServer::with_handler`], outside `/_synapse/replication/`,
+    /// which the server cannot authenticate). A connection accepted
+    /// beyond it is served, and the oldest pending one closed
+    /// unanswered to make room.
+    pub max_pending: usize,
     /// How long a connection may take, from its accept, to finish its TLS
     /// handshake (HTTPS) and send its request's headers (5 s; at most
     /// [`request_timeout`](Self::request_timeout)). A connection that has
     /// not by then is closed unanswered, however slowly it was sending.
-    /// Synapse sends its few headers at once.
     pub header_timeout: Duration,
+    /// How long a request's body may take, from the end of its headers
+    /// (10 s; bounded by [`request_timeout`](Self::request_timeout)): a
+    /// body not in by then is answered 408, however slowly it was coming,
+    /// so that prompt headers do not buy a slot for a trickled body.
+    pub body_timeout: Duration,
     /// How long one request may take, from accepting its connection to
     /// the last byte of the answer (30 s). A source that has not answered
     /// by then is answered 504; a client still sending or reading then is
@@ -112,8 +124,9 @@ impl Default for HttpServerConfig {
         HttpServerConfig {
             max_request_bytes: 64 << 10,
             max_concurrent: 64,
-            max_per_peer: 16,
+            max_pending: 128,
             header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             accept_pause: Duration::from_millis(100),
         }
@@ -322,7 +335,8 @@ impl HttpServerCounters {
         self.inner.refused_secret.load(Ordering::Relaxed)
     }
 
-    /// Other refused requests (400, 404, 405, 413), and connections
+    /// Other refused requests (400, 404, 405, 413, and 408 for a body
+    /// not in within [`HttpServerConfig::body_timeout`]), and connections
     /// closed for headers not complete within
     /// [`HttpServerConfig::header_timeout`].
     pub fn bad_requests(&self) -> u64 {
@@ -334,8 +348,9 @@ impl HttpServerCounters {
         self.inner.failed.load(Ordering::Relaxed)
     }
 
-    /// Connections refused beyond [`HttpServerConfig::max_concurrent`]
-    /// (503, or closed) or [`HttpServerConfig::max_per_peer`] (closed).
+    /// Requests refused beyond [`HttpServerConfig::max_concurrent`]
+    /// (503), and connections closed to make room beyond
+    /// [`HttpServerConfig::max_pending`].
     pub fn busy(&self) -> u64 {
         self.inner.busy.load(Ordering::Relaxed)
     }
@@ -365,16 +380,21 @@ impl HttpServerCounters {
 /// a private network.
 ///
 /// Bounded ([`HttpServerConfig`], set with [`HttpServer::with_config`]),
-/// so that no peer can stall the catch-ups of the others:
+/// so that no one can stall the catch-ups of Synapse's processes, not
+/// even from their own address:
 ///
 /// - requests of at most [`HttpServerConfig::max_request_bytes`], one per
 ///   connection;
-/// - at most [`HttpServerConfig::max_concurrent`] at once (503 beyond),
-///   and at most [`HttpServerConfig::max_per_peer`] connections open
-///   from one IP address (closed at once beyond);
+/// - a connection is always accepted: when
+///   [`HttpServerConfig::max_pending`] connections are open without a
+///   request whose headers came with the secret, the oldest of them is
+///   closed to make room; at most [`HttpServerConfig::max_concurrent`]
+///   requests with the secret are answered at once (503 beyond), and
+///   none of them is closed for room;
 /// - the TLS handshake and the headers within
 ///   [`HttpServerConfig::header_timeout`] of the accept (closed
-///   otherwise), the whole request within
+///   otherwise), the body within [`HttpServerConfig::body_timeout`] of
+///   the headers (408 otherwise), the whole request within
 ///   [`HttpServerConfig::request_timeout`];
 /// - a request under `/_synapse/replication/` without the secret
 ///   (`Authorization: Bearer <worker_replication_secret>`, when the
@@ -387,7 +407,10 @@ impl HttpServerCounters {
 ///
 /// The `Host` header is not read (Synapse sends
 /// `Host: <instance_name>:80`). Other paths answer 404, or go to the
-/// application's handler ([`HttpServer::with_handler`]).
+/// application's handler ([`HttpServer::with_handler`]), whose requests
+/// outside `/_synapse/replication/` stay pending, closed for room like
+/// any unproven connection: serve a public route (a client API) from a
+/// server on a listener of its own.
 ///
 /// ```no_run
 /// # #[cfg(feature = "runtime-smol")]
@@ -540,7 +563,12 @@ impl<R: Runtime> HttpServer<R> {
     /// one they answer 404 as Synapse does. Under
     /// `/_synapse/replication/` only requests with the endpoint's secret
     /// reach it (others are answered 401 from their headers); other paths
-    /// (a health check...) reach it as they come.
+    /// (a health check...) reach it as they come. The server cannot tell
+    /// who sends those: their connections stay pending (see
+    /// [`HttpServerConfig`]), and can be closed to make room for newer
+    /// ones while they are handled. Serve a public route from another
+    /// [`HttpServer`], on a listener of its own, so that its clients
+    /// never contend with Synapse's processes.
     #[must_use]
     pub fn with_handler<F>(mut self, handler: F) -> HttpServer<R>
     where
@@ -564,14 +592,23 @@ impl<R: Runtime> HttpServer<R> {
     ///   caller's positions ([`with_waiter`](Self::with_waiter)),
     ///   five seconds at most, then handles the call anyway, as Synapse
     ///   does;
-    /// - for an endpoint that caches, the answer is kept 30 minutes under
-    ///   the call's txn id: a retry is answered, not handled again, and a
-    ///   duplicate that comes while the first is handled waits for its
-    ///   answer; a refusal or a timeout is not kept, and a txn id reused
-    ///   for another request is refused (400);
+    /// - for an endpoint that caches, the handler runs once per txn id,
+    ///   to its end: apart from the call's connection, so that neither a
+    ///   caller that goes away nor the request timeout cancels it (as
+    ///   Synapse's `ResponseCache` lets the first run finish). Its answer
+    ///   is kept 30 minutes under the txn id: a retry is answered, not
+    ///   handled again, and a retry that comes while the run goes on
+    ///   waits for it (within its own request timeout: 504 if the run is
+    ///   not done by then, as Synapse answers). A refusal is not kept (as
+    ///   Synapse forgets a failure: the next call with that txn id is
+    ///   handled again); a txn id reused for another request is refused
+    ///   (400). At most 10,000 calls are kept, answered or running (503
+    ///   beyond, when all are running), and 16 wait for one run;
     /// - the handler's content is answered 200, a
     ///   [`ReplicationError`] with its status and Synapse's error body,
-    ///   and no answer within [`HttpServerConfig::request_timeout`] 504;
+    ///   and no answer within [`HttpServerConfig::request_timeout`] 504
+    ///   (the handler of an endpoint that does not cache, or of a call
+    ///   without a txn id, is then dropped);
     /// - a 200 answer of an endpoint that waits for streams carries the
     ///   positions of the streams this process writes
     ///   ([`with_positions`](Self::with_positions)).
@@ -687,8 +724,8 @@ impl<R: Runtime> HttpServer<R> {
     /// Serves HTTPS: the certificate and key are loaded, and rustls
     /// configured, now; each connection's handshake must then finish,
     /// and its headers arrive, within [`HttpServerConfig::header_timeout`]
-    /// of its accept; the handshake counts against
-    /// [`HttpServerConfig::max_per_peer`] like any connection. Fails with
+    /// of its accept; a connection in its handshake is pending (see
+    /// [`HttpServerConfig`]) like any connection without its headers. Fails with
     /// [`HttpServerTlsError::Unavailable`] in a build without the `tls`
     /// feature, and with the file or the reason for a certificate or key
     /// that does not do.
@@ -733,19 +770,33 @@ impl<R: Runtime> HttpServer<R> {
             mut listener,
             shared,
         } = self;
-        let mut slots = PeerSlots::new(shared.config.max_per_peer);
-        // Each ends with the peer address whose slot it held.
-        let mut connections: FuturesUnordered<BoxFuture<'static, IpAddr>> = FuturesUnordered::new();
-        let mut refusals: FuturesUnordered<BoxFuture<'static, IpAddr>> = FuturesUnordered::new();
+        let slots = Arc::new(Mutex::new(Slots::new(
+            shared.config.max_pending,
+            shared.config.max_concurrent,
+        )));
+        // Each ends with its connection's id.
+        let mut connections: FuturesUnordered<BoxFuture<'static, u64>> = FuturesUnordered::new();
+        // To close a pending connection to make room.
+        let mut closers: HashMap<u64, AbortHandle> = HashMap::new();
         let mut pause: Option<BoxFuture<'static, ()>> = None;
-        let mut accepted: VecDeque<(BoxConnection, SocketAddr)> = VecDeque::new();
+        // The handlers of calls with a txn id, run to their end whatever
+        // their connections do.
+        let mut queued_runs = shared.calls.as_ref().and_then(Calls::take_runs);
+        let mut runs: FuturesUnordered<BoxFuture<'static, ()>> = FuturesUnordered::new();
         poll_fn(|cx| {
             loop {
-                while let Poll::Ready(Some(ip)) = connections.poll_next_unpin(cx) {
-                    slots.release(ip);
+                while let Some(Poll::Ready(Some(run))) =
+                    queued_runs.as_mut().map(|queue| queue.poll_next_unpin(cx))
+                {
+                    runs.push(run);
                 }
-                while let Poll::Ready(Some(ip)) = refusals.poll_next_unpin(cx) {
-                    slots.release(ip);
+                while let Poll::Ready(Some(())) = runs.poll_next_unpin(cx) {}
+                // Polled after each accept: a request whose headers are
+                // in already is admitted before the next accept can take
+                // its slot.
+                while let Poll::Ready(Some(id)) = connections.poll_next_unpin(cx) {
+                    closers.remove(&id);
+                    lock(&slots).close(id);
                 }
                 if let Some(sleep) = &mut pause {
                     if sleep.as_mut().poll(cx).is_pending() {
@@ -753,52 +804,61 @@ impl<R: Runtime> HttpServer<R> {
                     }
                     pause = None;
                 }
-                match listener.poll_accept(cx) {
-                    Poll::Pending => {}
-                    Poll::Ready(Ok(connection)) => accepted.push_back(connection),
+                let (socket, peer) = match listener.poll_accept(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(connection)) => connection,
                     Poll::Ready(Err(error)) => {
                         tracing::warn!(%error, "replication HTTP server: accept failed");
-                        let deadline = runtime.now() + shared.config.accept_pause;
+                        let deadline = deadline_after(runtime.now(), shared.config.accept_pause);
                         pause = Some(runtime.sleep_until(deadline));
                         continue;
                     }
-                }
-                let Some((socket, peer)) = accepted.pop_front() else {
-                    return Poll::Pending;
                 };
-                let ip = peer.ip();
-                if !slots.take(ip) {
-                    // The peer holds its share already: not a moment more.
+                let (id, evicted) = lock(&slots).open();
+                if let Some(closer) = evicted.and_then(|evicted| closers.remove(&evicted)) {
+                    closer.abort();
                     shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
-                    shared.log_refusal(&*runtime, peer, Refusal::PeerLimit);
-                    drop(socket);
-                    continue;
+                    shared.log_refusal(&*runtime, peer, Refusal::Evicted);
                 }
-                let max = shared.config.max_concurrent;
-                if connections.len() < max {
-                    let work = serve(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
-                    connections.push(Box::pin(async move {
-                        work.await;
-                        ip
-                    }));
-                } else {
-                    shared.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
-                    shared.log_refusal(&*runtime, peer, Refusal::Busy);
-                    if refusals.len() < max {
-                        let refusal =
-                            refuse(Arc::clone(&runtime), Arc::clone(&shared), socket, peer);
-                        refusals.push(Box::pin(async move {
-                            refusal.await;
-                            ip
-                        }));
-                    } else {
-                        slots.release(ip);
-                    }
-                }
+                let ticket = Ticket {
+                    slots: Arc::clone(&slots),
+                    id,
+                };
+                let work = serve(
+                    Arc::clone(&runtime),
+                    Arc::clone(&shared),
+                    socket,
+                    peer,
+                    ticket,
+                );
+                let (work, closer) = future::abortable(work);
+                closers.insert(id, closer);
+                connections.push(Box::pin(async move {
+                    let _ = work.await;
+                    id
+                }));
             }
         })
         .await
     }
+}
+
+/// A connection's place in the server's [`Slots`].
+struct Ticket {
+    slots: Arc<Mutex<Slots>>,
+    id: u64,
+}
+
+impl Ticket {
+    /// Its request came with the secret: no longer closed for room, if
+    /// there is a slot for it.
+    fn admit(&self) -> Admission {
+        lock(&self.slots).admit(self.id)
+    }
+}
+
+fn lock(slots: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    slots.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One connection: one request, its handshake and headers within the
@@ -808,17 +868,19 @@ async fn serve<R: Runtime>(
     shared: Arc<Shared>,
     socket: BoxConnection,
     peer: SocketAddr,
+    ticket: Ticket,
 ) {
     let accepted = runtime.now();
     let config = &shared.config;
-    let deadline = accepted + config.request_timeout;
-    let headers_by = accepted + config.header_timeout.min(config.request_timeout);
+    let deadline = deadline_after(accepted, config.request_timeout);
+    let headers_by = deadline_after(accepted, config.header_timeout.min(config.request_timeout));
     let Some(socket) = shared.secure(&*runtime, socket, peer, headers_by).await else {
         return;
     };
     let max_buf = config.max_request_bytes.max(MIN_BUFFER);
     // hyper calls the service once the headers are in.
     let headers_in = Arc::new(AtomicBool::new(false));
+    let ticket = Arc::new(ticket);
     let service = {
         let runtime = Arc::clone(&runtime);
         let shared = Arc::clone(&shared);
@@ -827,8 +889,11 @@ async fn serve<R: Runtime>(
             headers_in.store(true, Ordering::Relaxed);
             let shared = Arc::clone(&shared);
             let runtime = Arc::clone(&runtime);
+            let ticket = Arc::clone(&ticket);
             async move {
-                let answer = shared.answer(&*runtime, request, peer, deadline).await;
+                let answer = shared
+                    .answer(&runtime, request, peer, deadline, &ticket)
+                    .await;
                 Ok::<_, Infallible>(response(answer))
             }
         })
@@ -868,32 +933,6 @@ async fn serve<R: Runtime>(
     }
 }
 
-/// A connection beyond the limit: 503 (over TLS for HTTPS), then closed.
-async fn refuse<R: Runtime>(
-    runtime: Arc<R>,
-    shared: Arc<Shared>,
-    socket: BoxConnection,
-    peer: SocketAddr,
-) {
-    let timeout = REFUSAL_TIMEOUT.min(shared.config.header_timeout);
-    let deadline = runtime.now() + timeout;
-    let Some(socket) = shared.secure(&*runtime, socket, peer, deadline).await else {
-        return;
-    };
-    let service = service_fn(|_request| async {
-        Ok::<_, Infallible>(response((
-            503,
-            HttpResponse::error(503, "M_UNKNOWN", "Too many requests in flight").body,
-        )))
-    });
-    let connection = http1::Builder::new()
-        .keep_alive(false)
-        .max_buf_size(MIN_BUFFER)
-        .serve_connection(HyperIo::new(socket, READ_CHUNK), service);
-    let cut = runtime.sleep_until(deadline);
-    let _ = future::select(pin!(connection), cut).await;
-}
-
 /// Why a request or connection was refused, as logged.
 enum Refusal<'a> {
     /// The request was read, and refused (`error` says why).
@@ -901,10 +940,13 @@ enum Refusal<'a> {
         path: &'a str,
         error: &'a dyn fmt::Display,
     },
-    /// The peer held [`HttpServerConfig::max_per_peer`] connections.
-    PeerLimit,
+    /// The oldest pending connection was closed for this peer's: more
+    /// than [`HttpServerConfig::max_pending`] were open.
+    Evicted,
     /// [`HttpServerConfig::max_concurrent`] requests were in flight.
     Busy,
+    /// The body was not in within [`HttpServerConfig::body_timeout`].
+    BodyTimeout,
     /// The handshake and headers took longer than
     /// [`HttpServerConfig::header_timeout`].
     HeaderTimeout,
@@ -960,13 +1002,15 @@ impl Shared {
         Some(socket)
     }
 
-    /// The status and body for one request.
-    async fn answer<R: Runtime>(
+    /// The status and body for one request; its connection admitted
+    /// (`ticket`) once its headers prove it one of the deployment's.
+    async fn answer<R: Runtime + Clone>(
         &self,
         runtime: &R,
         request: hyper::Request<Incoming>,
         peer: SocketAddr,
         deadline: Instant,
+        ticket: &Ticket,
     ) -> (u16, String) {
         let counts = &self.counters.inner;
         let routed = {
@@ -995,19 +1039,26 @@ impl Shared {
                     .as_ref()
                     .is_some_and(|calls| calls.api.serves(request.uri().path())) =>
             {
-                return self.call(runtime, request, peer, deadline).await;
+                return self.call(runtime, request, peer, deadline, ticket).await;
             }
             Err(EndpointError::NotFound) if self.handler.is_some() => {
                 // Another replication route: its secret before its body.
+                // Other routes prove nothing: they stay pending.
                 if request.uri().path().starts_with(REPLICATION_PREFIX) {
                     if let Err(error) = self.authorize(request.headers()) {
                         return self.refused(runtime, &request, peer, &error);
+                    }
+                    if ticket.admit() == Admission::Busy {
+                        return self.busy(runtime, peer);
                     }
                 }
                 return self.handle(runtime, request, peer, deadline).await;
             }
             Err(error) => return self.refused(runtime, &request, peer, &error),
         };
+        if ticket.admit() == Admission::Busy {
+            return self.busy(runtime, peer);
+        }
         tracing::debug!(%peer, request = %request_out, "catch-up request");
         let fetch = self.source.fetch(request_out.clone());
         let sleep = runtime.sleep_until(deadline);
@@ -1114,12 +1165,13 @@ impl Shared {
 
     /// A call of the replication HTTP API: its headers checked before its
     /// body is read, then its body, then [`Calls::answer`].
-    async fn call<R: Runtime>(
+    async fn call<R: Runtime + Clone>(
         &self,
         runtime: &R,
         request: hyper::Request<Incoming>,
         peer: SocketAddr,
         deadline: Instant,
+        ticket: &Ticket,
     ) -> (u16, String) {
         let Some(calls) = &self.calls else {
             return (404, EndpointError::NotFound.body());
@@ -1139,9 +1191,15 @@ impl Shared {
             Ok(route) => route,
             Err(error) => return self.refused_call(runtime, &path, peer, &error),
         };
+        if ticket.admit() == Admission::Busy {
+            return self.busy(runtime, peer);
+        }
         let query = request.uri().query().map(str::to_owned);
         let (parts, mut body) = request.into_parts();
-        let body = match self.read_body(&parts.headers, &mut body, peer).await {
+        let body = match self
+            .read_body(runtime, &parts.headers, &mut body, peer, deadline)
+            .await
+        {
             Ok(body) => body,
             Err(answer) => return answer,
         };
@@ -1154,14 +1212,26 @@ impl Shared {
         calls.answer(runtime, call, &body, deadline).await
     }
 
+    /// The answer to a request with the secret beyond
+    /// [`HttpServerConfig::max_concurrent`], counted and logged.
+    fn busy<R: Runtime>(&self, runtime: &R, peer: SocketAddr) -> (u16, String) {
+        self.counters.inner.busy.fetch_add(1, Ordering::Relaxed);
+        self.log_refusal(runtime, peer, Refusal::Busy);
+        let answer = HttpResponse::error(503, "M_UNKNOWN", "Too many requests in flight");
+        (answer.status, answer.body)
+    }
+
     /// A request's body, whole, if it is at most
-    /// [`HttpServerConfig::max_request_bytes`]; the answer to give
-    /// otherwise (413, or 400 when it cannot be read).
-    async fn read_body(
+    /// [`HttpServerConfig::max_request_bytes`] and in within
+    /// [`HttpServerConfig::body_timeout`] (and by `deadline`); the answer
+    /// to give otherwise (413, 408, or 400 when it cannot be read).
+    async fn read_body<R: Runtime>(
         &self,
+        runtime: &R,
         headers: &HeaderMap,
         body: &mut Incoming,
         peer: SocketAddr,
+        deadline: Instant,
     ) -> Result<Bytes, (u16, String)> {
         let counts = &self.counters.inner;
         let cap = self.config.max_request_bytes;
@@ -1177,7 +1247,18 @@ impl Shared {
         if declared.is_some_and(|len| len > cap as u64) {
             return Err(too_large());
         }
-        match collect(body, cap).await {
+        // However slowly it comes, as the headers are bounded.
+        let by = deadline_after(runtime.now(), self.config.body_timeout).min(deadline);
+        let read = match future::select(pin!(collect(body, cap)), runtime.sleep_until(by)).await {
+            Either::Left((read, _)) => read,
+            Either::Right(((), _)) => {
+                counts.bad_requests.fetch_add(1, Ordering::Relaxed);
+                self.log_refusal(runtime, peer, Refusal::BodyTimeout);
+                let answer = HttpResponse::error(408, "M_UNKNOWN", "Request body not in time");
+                return Err((answer.status, answer.body));
+            }
+        };
+        match read {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => Err(too_large()),
             Err(error) => {
@@ -1219,10 +1300,11 @@ impl Shared {
                 let path = short_path(path);
                 tracing::info!(%peer, path = path.as_str(), %error, "refused replication request");
             }
-            Refusal::PeerLimit => tracing::info!(
+            Refusal::Evicted => tracing::info!(
                 %peer,
-                max_per_peer = self.config.max_per_peer,
-                "replication HTTP connection refused: the peer holds its share of connections"
+                max_pending = self.config.max_pending,
+                "replication HTTP server full of connections without a request with the secret: \
+                 closed the oldest to make room for this peer's"
             ),
             Refusal::Busy => tracing::info!(
                 %peer,
@@ -1232,6 +1314,10 @@ impl Shared {
             Refusal::HeaderTimeout => tracing::info!(
                 %peer,
                 "replication HTTP connection closed: its headers were not in within the header timeout"
+            ),
+            Refusal::BodyTimeout => tracing::info!(
+                %peer,
+                "replication HTTP request refused: its body was not in within the body timeout"
             ),
         }
     }
@@ -1249,7 +1335,10 @@ impl Shared {
         };
         let counts = &self.counters.inner;
         let (parts, mut body) = request.into_parts();
-        let body = match self.read_body(&parts.headers, &mut body, peer).await {
+        let body = match self
+            .read_body(runtime, &parts.headers, &mut body, peer, deadline)
+            .await
+        {
             Ok(body) => body,
             Err(answer) => return answer,
         };

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use futures::channel::oneshot;
+use futures::channel::{mpsc, oneshot};
 use futures::future::{self, Either};
 use serde_json::{Map, Value};
 
@@ -36,17 +36,24 @@ pub(crate) struct Calls {
     pub(crate) api: ReplicationApi,
     /// One per endpoint of `api`, in its order.
     pub(crate) handlers: Vec<Arc<CallHandler>>,
-    pub(crate) cache: Mutex<ResponseCache<oneshot::Sender<CachedAnswer>>>,
+    cache: Arc<Cache>,
+    /// Where the runs of calls with a txn id go, for the server's loop to
+    /// poll: they outlive their connections.
+    runs: mpsc::UnboundedSender<BoxFuture<'static, ()>>,
+    run_queue: Mutex<Option<mpsc::UnboundedReceiver<BoxFuture<'static, ()>>>>,
     pub(crate) positions: Option<Arc<PositionsFn>>,
     pub(crate) waits: Option<Arc<WaitFn>>,
 }
 
 impl Calls {
     pub(crate) fn new(api: ReplicationApi) -> Calls {
+        let (runs, run_queue) = mpsc::unbounded();
         Calls {
             api,
             handlers: Vec::new(),
-            cache: Mutex::new(ResponseCache::new()),
+            cache: Arc::new(Mutex::new(ResponseCache::new())),
+            runs,
+            run_queue: Mutex::new(Some(run_queue)),
             positions: None,
             waits: None,
         }
@@ -55,7 +62,7 @@ impl Calls {
     /// Answers a call whose headers and body passed: waits for the
     /// caller's positions, looks its txn id up, has it handled, adds this
     /// process's positions. `deadline` is the request's own.
-    pub(crate) async fn answer<R: Runtime>(
+    pub(crate) async fn answer<R: Runtime + Clone>(
         &self,
         runtime: &R,
         request: ReplicationRequest,
@@ -104,7 +111,7 @@ impl Calls {
                 )
                 .await
             }
-            _ => handle(runtime, &handler, request, deadline).await.0,
+            _ => handle(runtime, &handler, request, deadline).await,
         };
         if waits_for_streams && status == 200 {
             let positions = self.positions.as_ref().map(|f| f()).unwrap_or_default();
@@ -115,9 +122,13 @@ impl Calls {
     }
 
     /// The answer of a call with a txn id: handled once, kept for its
-    /// retries, waited for by its concurrent duplicates.
+    /// retries, waited for by its concurrent duplicates. The handler runs
+    /// apart from the connection (in the server's own loop), to its end: as
+    /// Synapse's `ResponseCache` does, a caller that goes away or a
+    /// request timeout cancels no run, and the retries Synapse makes of a
+    /// 504 wait for that run rather than start another.
     #[allow(clippy::too_many_arguments)]
-    async fn cached<R: Runtime>(
+    async fn cached<R: Runtime + Clone>(
         &self,
         runtime: &R,
         endpoint: &str,
@@ -127,114 +138,140 @@ impl Calls {
         request: ReplicationRequest,
         deadline: Instant,
     ) -> (u16, String) {
-        let lookup = self.lock().lookup(endpoint, txn_id, print, runtime.now());
-        match lookup {
-            CacheLookup::Answer(answer) => (answer.status, answer.body),
-            CacheLookup::Conflict => error(&ReplicationError::TxnConflict(
-                txn_id.chars().take(64).collect(),
-            )),
-            CacheLookup::Full => error(&ReplicationError::Busy),
-            CacheLookup::Wait => {
-                let (tx, rx) = oneshot::channel();
-                if self.lock().wait(endpoint, txn_id, tx).is_err() {
-                    return error(&ReplicationError::Busy);
-                }
-                match future::select(rx, runtime.sleep_until(deadline)).await {
-                    Either::Left((Ok(answer), _)) => (answer.status, answer.body),
-                    Either::Left((Err(_), _)) | Either::Right(_) => timed_out(),
-                }
+        let lookup = lock(&self.cache).lookup(endpoint, txn_id, print, runtime.now());
+        let started = match lookup {
+            CacheLookup::Answer(answer) => return (answer.status, answer.body),
+            CacheLookup::Conflict => {
+                return error(&ReplicationError::TxnConflict(
+                    txn_id.chars().take(64).collect(),
+                ));
             }
-            CacheLookup::Handle => {
-                // Dropped before it finishes (the caller went away): its
-                // waiters are answered, and a retry is handled afresh.
-                let mut guard = InFlight {
-                    calls: self,
+            CacheLookup::Full => return error(&ReplicationError::Busy),
+            CacheLookup::Wait => false,
+            CacheLookup::Handle => true,
+        };
+        // The first call waits for its run as its retries do (before the
+        // run is polled, so that it cannot miss the answer).
+        let (tx, rx) = oneshot::channel();
+        let waiting = lock(&self.cache).wait(endpoint, txn_id, tx).is_ok();
+        if started {
+            let run = InFlight {
+                cache: Arc::clone(&self.cache),
+                endpoint: endpoint.to_owned(),
+                txn_id: txn_id.to_owned(),
+                done: false,
+            }
+            .run(runtime.clone(), handler, request);
+            // Refused only once `HttpServer::run` is gone: the run is
+            // dropped, and its guard answers the waiters.
+            let _ = self.runs.unbounded_send(Box::pin(run));
+        }
+        if !waiting {
+            // As many wait for this run already.
+            return error(&ReplicationError::Busy);
+        }
+        match future::select(rx, runtime.sleep_until(deadline)).await {
+            Either::Left((Ok(answer), _)) => (answer.status, answer.body),
+            Either::Left((Err(_), _)) => timed_out(),
+            Either::Right(_) => {
+                tracing::warn!(
                     endpoint,
-                    txn_id,
-                    now: runtime.now(),
-                    done: false,
-                };
-                let (answer, keep) = handle(runtime, &handler, request, deadline).await;
-                guard.done = true;
-                let waiters = self.lock().finish(
-                    endpoint,
-                    txn_id,
-                    CachedAnswer {
-                        status: answer.0,
-                        body: answer.1.clone(),
-                    },
-                    keep,
-                    runtime.now(),
+                    "replication call not handled in time; its run goes on for its retries"
                 );
-                for waiter in waiters {
-                    let _ = waiter.send(CachedAnswer {
-                        status: answer.0,
-                        body: answer.1.clone(),
-                    });
-                }
-                answer
+                timed_out()
             }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ResponseCache<oneshot::Sender<CachedAnswer>>> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The runs of calls with a txn id, for [`HttpServer::run`](super::HttpServer::run)
+    /// to poll: taken once.
+    pub(crate) fn take_runs(&self) -> Option<mpsc::UnboundedReceiver<BoxFuture<'static, ()>>> {
+        self.run_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }
 
-/// A call being handled under its txn id; finished as failed if dropped.
-struct InFlight<'a> {
-    calls: &'a Calls,
-    endpoint: &'a str,
-    txn_id: &'a str,
-    now: Instant,
+type Cache = Mutex<ResponseCache<oneshot::Sender<CachedAnswer>>>;
+
+fn lock(cache: &Cache) -> std::sync::MutexGuard<'_, ResponseCache<oneshot::Sender<CachedAnswer>>> {
+    cache.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A call being handled under its txn id; finished as failed if dropped
+/// before its end (only when the server itself is dropped), so that its
+/// waiters are answered and the txn id is not held for ever.
+struct InFlight {
+    cache: Arc<Cache>,
+    endpoint: String,
+    txn_id: String,
     done: bool,
 }
 
-impl Drop for InFlight<'_> {
+impl InFlight {
+    /// Runs `handler` to its end, keeps a success for the retries, and
+    /// answers every call that waits.
+    async fn run<R: Runtime>(
+        mut self,
+        runtime: R,
+        handler: Arc<CallHandler>,
+        request: ReplicationRequest,
+    ) {
+        let (status, body, keep) = match handler(request).await {
+            Ok(content) => (200, Value::Object(content).to_string(), true),
+            Err(refusal) => {
+                tracing::debug!(
+                    endpoint = self.endpoint,
+                    %refusal,
+                    "replication call refused by its handler"
+                );
+                let (status, body) = error(&refusal);
+                (status, body, false)
+            }
+        };
+        self.done = true;
+        self.finish(CachedAnswer { status, body }, keep, runtime.now());
+    }
+
+    fn finish(&self, answer: CachedAnswer, keep: bool, now: Instant) {
+        let waiters =
+            lock(&self.cache).finish(&self.endpoint, &self.txn_id, answer.clone(), keep, now);
+        for waiter in waiters {
+            let _ = waiter.send(answer.clone());
+        }
+    }
+}
+
+impl Drop for InFlight {
     fn drop(&mut self) {
         if self.done {
             return;
         }
         let (status, body) = timed_out();
-        let waiters = self.calls.lock().finish(
-            self.endpoint,
-            self.txn_id,
-            CachedAnswer {
-                status,
-                body: body.clone(),
-            },
-            false,
-            self.now,
-        );
-        for waiter in waiters {
-            let _ = waiter.send(CachedAnswer {
-                status,
-                body: body.clone(),
-            });
-        }
+        // Not kept: the time (which only dates kept answers) is moot.
+        self.finish(CachedAnswer { status, body }, false, Instant::now());
     }
 }
 
-/// Runs `handler` by `deadline`: its answer, and whether it is a success
-/// to keep for retries (Synapse keeps what `_handle_request` returned,
-/// not what it raised).
+/// Runs `handler` by `deadline`, for a call without a txn id (nothing
+/// to answer a retry from, so nothing to run on for).
 async fn handle<R: Runtime>(
     runtime: &R,
     handler: &Arc<CallHandler>,
     request: ReplicationRequest,
     deadline: Instant,
-) -> ((u16, String), bool) {
+) -> (u16, String) {
     let endpoint = request.endpoint.clone();
     match future::select(handler(request), runtime.sleep_until(deadline)).await {
-        Either::Left((Ok(content), _)) => ((200, Value::Object(content).to_string()), true),
+        Either::Left((Ok(content), _)) => (200, Value::Object(content).to_string()),
         Either::Left((Err(refusal), _)) => {
             tracing::debug!(endpoint, %refusal, "replication call refused by its handler");
-            (error(&refusal), false)
+            error(&refusal)
         }
         Either::Right(_) => {
             tracing::warn!(endpoint, "replication call not handled in time");
-            (timed_out(), false)
+            timed_out()
         }
     }
 }

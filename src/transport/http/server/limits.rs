@@ -1,9 +1,8 @@
-//! What one peer may hold of an [`HttpServer`](super::HttpServer), and
-//! how much of its refusals reaches the log: pure bookkeeping, with the
-//! time passed in.
+//! What the connections of an [`HttpServer`](super::HttpServer) may
+//! hold, and how much of its refusals reaches the log: pure bookkeeping,
+//! with the time passed in.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 /// Refusals logged per window; the rest are counted.
@@ -15,42 +14,93 @@ pub(super) const LOG_WINDOW: Duration = Duration::from_secs(60);
 /// The longest path logged, in bytes; longer ones are cut, with `…`.
 pub(super) const LOGGED_PATH: usize = 80;
 
-/// The connections open per peer address, each at most `max`.
+/// The connections of one server, of two kinds. Pending: accepted, and
+/// not yet shown a request with complete headers and the secret (a TLS
+/// handshake, headers on their way, a request refused from its headers, a
+/// route of the application's own). Admitted: a request with the secret
+/// being answered. A new connection is always taken: when the pending
+/// ones fill their share, the oldest of them is closed to make room for
+/// it (as nginx reuses its oldest idle connections), whoever opened them,
+/// so that sockets held open from the writer's own host (where all of
+/// Synapse's processes connect from) or from many addresses cannot keep
+/// out a request that comes with its headers at once. Admitted ones are
+/// never closed for room; beyond their share a request is refused (503).
 #[derive(Debug)]
-pub(super) struct PeerSlots {
-    max: usize,
-    open: HashMap<IpAddr, usize>,
+pub(super) struct Slots {
+    max_pending: usize,
+    max_admitted: usize,
+    /// The next connection's id: ids grow with the accepts, so the
+    /// smallest pending id is the oldest.
+    next: u64,
+    pending: BTreeSet<u64>,
+    admitted: HashSet<u64>,
 }
 
-impl PeerSlots {
-    /// At most `max` connections per address (at least one).
-    pub(super) fn new(max: usize) -> PeerSlots {
-        PeerSlots {
-            max: max.max(1),
-            open: HashMap::new(),
+/// What [`Slots::admit`] says of a request whose headers came with the
+/// secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Answer it: its connection is no longer closed for room.
+    Admitted,
+    /// As many are answered already: refuse it (503).
+    Busy,
+}
+
+impl Slots {
+    /// At most `max_pending` connections pending and `max_admitted`
+    /// admitted (at least one each).
+    pub(super) fn new(max_pending: usize, max_admitted: usize) -> Slots {
+        Slots {
+            max_pending: max_pending.max(1),
+            max_admitted: max_admitted.max(1),
+            next: 0,
+            pending: BTreeSet::new(),
+            admitted: HashSet::new(),
         }
     }
 
-    /// Takes a slot for `peer` (an IPv4 address mapped into IPv6 counts
-    /// as the IPv4 one), or says `false` if it holds all of its own.
-    pub(super) fn take(&mut self, peer: IpAddr) -> bool {
-        let open = self.open.entry(peer.to_canonical()).or_insert(0);
-        if *open >= self.max {
-            return false;
-        }
-        *open += 1;
-        true
+    /// A connection accepted: its id, and the id of the connection to
+    /// close to make room for it (the oldest pending), if any.
+    #[must_use]
+    pub(super) fn open(&mut self) -> (u64, Option<u64>) {
+        let evicted = if self.pending.len() >= self.max_pending {
+            self.pending.pop_first()
+        } else {
+            None
+        };
+        let id = self.next;
+        self.next += 1;
+        self.pending.insert(id);
+        (id, evicted)
     }
 
-    /// Gives back a slot [`take`](PeerSlots::take) gave `peer`.
-    pub(super) fn release(&mut self, peer: IpAddr) {
-        let peer = peer.to_canonical();
-        if let Some(open) = self.open.get_mut(&peer) {
-            *open = open.saturating_sub(1);
-            if *open == 0 {
-                self.open.remove(&peer);
-            }
+    /// Connection `id` carries a request whose headers came complete,
+    /// with the secret. A connection already closed, or admitted, is
+    /// left as it is.
+    #[must_use]
+    pub(super) fn admit(&mut self, id: u64) -> Admission {
+        if self.admitted.contains(&id) {
+            return Admission::Admitted;
         }
+        if self.admitted.len() >= self.max_admitted || !self.pending.contains(&id) {
+            return Admission::Busy;
+        }
+        self.pending.remove(&id);
+        self.admitted.insert(id);
+        Admission::Admitted
+    }
+
+    /// Connection `id` is closed (a no-op if it was closed for room).
+    pub(super) fn close(&mut self, id: u64) {
+        if !self.pending.remove(&id) {
+            self.admitted.remove(&id);
+        }
+    }
+
+    /// Connections pending and admitted.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        (self.pending.len(), self.admitted.len())
     }
 }
 
@@ -119,29 +169,50 @@ pub(super) fn short_path(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::net::{Ipv4Addr, Ipv6Addr};
-
     use super::*;
 
     #[test]
-    fn each_peer_gets_its_own_slots() {
-        let mut slots = PeerSlots::new(2);
-        let a = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
-        let b = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        assert!(slots.take(a) && slots.take(a));
-        assert!(!slots.take(a), "a third for one peer");
-        // The same address, mapped into IPv6.
-        assert!(!slots.take(IpAddr::V6(Ipv4Addr::new(127, 0, 0, 2).to_ipv6_mapped())));
-        assert!(slots.take(b), "another peer");
-        slots.release(a);
-        assert!(slots.take(a), "a slot given back");
-        slots.release(IpAddr::V6(Ipv6Addr::LOCALHOST));
-        slots.release(b);
-        slots.release(b);
-        assert!(slots.take(b) && slots.take(b) && !slots.take(b));
-        // A limit of zero is taken as one.
-        let mut zero = PeerSlots::new(0);
-        assert!(zero.take(a) && !zero.take(a));
+    fn the_oldest_pending_connection_makes_room_for_a_new_one() {
+        let mut slots = Slots::new(3, 2);
+        let ids: Vec<u64> = (0..3)
+            .map(|_| {
+                let (id, evicted) = slots.open();
+                assert_eq!(evicted, None, "room for three");
+                id
+            })
+            .collect();
+        // A fourth: the oldest pending is closed for it, not the newcomer.
+        let (fourth, evicted) = slots.open();
+        assert_eq!(evicted, Some(ids[0]));
+        assert_eq!(slots.counts(), (3, 0));
+        // Admitted connections are not closed for room.
+        assert_eq!(slots.admit(ids[1]), Admission::Admitted);
+        assert_eq!(slots.admit(ids[1]), Admission::Admitted, "twice is once");
+        let (_, evicted) = slots.open();
+        assert_eq!(evicted, None, "the admitted one left a pending slot");
+        let (_, evicted) = slots.open();
+        assert_eq!(evicted, Some(ids[2]), "the oldest still pending");
+        assert_eq!(slots.counts(), (3, 1));
+        // One closed for room cannot be admitted any more.
+        assert_eq!(slots.admit(ids[0]), Admission::Busy);
+        slots.close(ids[0]);
+        assert_eq!(slots.counts(), (3, 1));
+        // Beyond the admitted share: busy, and still pending.
+        assert_eq!(slots.admit(fourth), Admission::Admitted);
+        let (late, _) = slots.open();
+        assert_eq!(slots.admit(late), Admission::Busy);
+        assert_eq!(slots.counts(), (3, 2));
+        slots.close(ids[1]);
+        assert_eq!(slots.admit(late), Admission::Admitted, "a slot given back");
+        slots.close(late);
+        slots.close(fourth);
+        assert_eq!(slots.counts(), (2, 0));
+        // Limits of zero are taken as one.
+        let mut zero = Slots::new(0, 0);
+        let (a, _) = zero.open();
+        let (b, evicted) = zero.open();
+        assert_eq!(evicted, Some(a));
+        assert_eq!(zero.admit(b), Admission::Admitted);
     }
 
     #[test]
