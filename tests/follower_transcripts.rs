@@ -1155,7 +1155,8 @@ fn a_replicate_keeps_its_place_among_held_commands() {
         < rows events w1 3 ["a3"] [catch-up]
         < position events w1 5
         < rows events w1 6 ["a6"]
-        < catch-up #2 events w1 (6, 9]
+        # from w1's last row: 4 and 5 were only claimed empty
+        < catch-up #2 events w1 (3, 9]
         > RDATA events w1 10 ["a10"]
         > !page 2 {"updates":[[7,["a7"]],[9,["a9"]]],"upto_token":9,"limited":false}
         < rows events w1 7 ["a7"] [catch-up]
@@ -1286,7 +1287,9 @@ fn a_forged_row_ahead_hides_no_row_lost_with_a_connection() {
 #[test]
 fn a_catch_up_settles_the_tokens_a_forged_row_jumped_over() {
     // w1 moves inside what a forged row jumped over: fetched (nothing is
-    // there). Once w1 answered up to 6, the next catch-up starts there.
+    // there). An answer with no rows settles nothing (Synapse's writers
+    // confirm whatever range they are asked): the next catch-up starts
+    // at the bottom of what the forged row jumped over again.
     run(
         "master",
         r#"
@@ -1302,7 +1305,7 @@ fn a_catch_up_settles_the_tokens_a_forged_row_jumped_over() {
         # nothing in (6, 13], says w1, where a row was delivered: one of
         # the two was forged, and w1 settles it
         > POSITION caches w1 6 13
-        < catch-up #2 caches w1 (6, 13]
+        < catch-up #2 caches w1 (0, 13]
         > !page 2 {"updates":[],"upto_token":13,"limited":false}
         < position caches w1 13
         > POSITION caches w1 13 14
@@ -1377,7 +1380,7 @@ fn a_forged_row_inside_what_another_jumped_over_hides_no_row() {
         > RDATA caches w1 2 ["c","2"]
         # nothing in (2, 6], says w1, where a row was delivered
         > POSITION caches w1 2 6
-        < catch-up #2 caches w1 (3, 6]
+        < catch-up #2 caches w1 (2, 6]
         > !page 2 {"updates":[],"upto_token":6,"limited":false}
         < position caches w1 6
         > RDATA caches w1 7 ["c","7"]
@@ -1455,6 +1458,49 @@ fn a_far_claim_that_synapse_confirms_hides_no_row() {
         > !page 4 {"updates":[[5,["ev","$5"]]],"upto_token":9223372036854775807,"limited":false}
         < rows events w2 5 ["ev","$5"] [catch-up]
         < position events w2 5
+        "#,
+    );
+}
+
+#[test]
+fn forged_rows_that_jump_twice_hide_no_row() {
+    // Two rows forged ahead of w1, the second jumping above the first,
+    // then w1's own rows below them and at their very tokens: each of
+    // w1's rows is delivered once, in order (fetched: a row below the
+    // last one says that one was forged).
+    run(
+        "master",
+        r#"
+        > !seed events w1 0
+        > !connect
+        > POSITION events w1 0 0
+        > RDATA events w1 1000 ["forged",1000]
+        < rows events w1 1000 ["forged",1000]
+        > RDATA events w1 1002 ["forged",1002]
+        < rows events w1 1002 ["forged",1002]
+        > RDATA events w1 1 ["ev","$1"]
+        < catch-up #1 events w1 (0, 1]
+        > RDATA events w1 2 ["ev","$2"]
+        > POSITION events w1 2 2
+        > RDATA events w1 1000 ["ev","$1000"]
+        > RDATA events w1 1002 ["ev","$1002"]
+        > RDATA events w1 1003 ["ev","$1003"]
+        > !page 1 {"updates":[[1,["ev","$1"]]],"upto_token":1,"limited":false}
+        < rows events w1 1 ["ev","$1"] [catch-up]
+        < position events w1 1002
+        < catch-up #2 events w1 (1, 2]
+        > !page 2 {"updates":[[2,["ev","$2"]]],"upto_token":2,"limited":false}
+        < rows events w1 2 ["ev","$2"] [catch-up]
+        < position events w1 1002
+        # w1's row at the first forged row's token: fetched, from where
+        # w1's rows were settled
+        < catch-up #3 events w1 (2, 1000]
+        > !page 3 {"updates":[[1000,["ev","$1000"]]],"upto_token":1000,"limited":false}
+        < rows events w1 1000 ["ev","$1000"] [catch-up]
+        < position events w1 1002
+        # at the last row's token: delivered as it comes
+        < rows events w1 1002 ["ev","$1002"]
+        < rows events w1 1003 ["ev","$1003"]
         "#,
     );
 }

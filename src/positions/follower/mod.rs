@@ -5,6 +5,7 @@
 //! state and the rules that move it.
 
 mod events;
+mod holes;
 mod rows;
 mod state;
 
@@ -127,34 +128,44 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   row delivered on its stream is not applied as it comes: the writer's
 ///   rows up to it are fetched instead, so a row forged far ahead never
 ///   lands. A forged row within that distance lands (rows are not
-///   signed), but hides nothing: the tokens it jumped over stay open, so
-///   the writer's rows below it are still delivered when they come
+///   signed), but hides nothing: the tokens each live row jumped over stay
+///   open until a row of the writer's own answer settles them, so the
+///   writer's rows below a forged one are still delivered when they come
 ///   (fetched up to each: a live row below the last one says one of the
 ///   two was forged), and a catch-up after a lost connection fetches
-///   them; a catch-up settles the tokens it covered. A row of the writer's
-///   at the very token of a forged one (other rows at that token) is
-///   delivered too ([`FollowerCounters::rows_contested`]).
+///   them. Up to 32 such ranges are kept per writer; a row that would
+///   open one more is fetched instead, from the bottom of the lowest, and
+///   the writer's answer settles them all (in multi-writer streams, where
+///   a writer's tokens jump over the others', that is one catch-up per 32
+///   of its rows, counted in [`FollowerCounters::holes_settled`]). Only
+///   rows settle: an answer's `upto` does not, as Synapse's writers
+///   confirm whatever range they are asked.
+/// - A row of the writer's at the very token of a forged one (other rows
+///   at that token) is delivered too ([`FollowerCounters::rows_contested`]):
+///   as it comes at the last row's token, through a catch-up at the top
+///   of a range (the writer's answer says which row there is its).
 /// - What to persist is [`Follower::resume_points`]: never beyond a row
 ///   delivered, whatever was announced. Resuming from it costs at most a
 ///   catch-up.
 ///
 /// What a forger can still do: add rows (nothing on the wire is signed);
-/// make the follower fetch (each refuted claim costs a catch-up); close a
-/// writer's open batch with a forged numbered row (the batch's rows are
-/// then delivered under the forged token, and once more with their own
-/// if a catch-up later fetches them); with a second forged row that
-/// jumps above a first, reopen only what the second jumped over (one
-/// range of open tokens is kept per writer), so that the writer's rows
-/// below the first then look stale; and, in the moment after this
-/// follower (re)connects, announce a writer before the writer does: an
-/// announcement at the follower's own position, or one claiming the
-/// range above it, hides the rows that writer wrote while the follower
-/// was away (Synapse's followers lose those rows with no forgery at
-/// all). On streams whose tokens restart (`typing`, ...), a forged
-/// `POSITION` below the position is taken as a restart, as Synapse
-/// takes it. The model test's adversary forges every other kind of line
-/// and checks that every row a writer wrote is delivered once, in
-/// order.
+/// delay rows and make the follower fetch (each refuted claim, each
+/// writer's row below a forged one, costs a catch-up); close a writer's
+/// open batch with a forged numbered row (the batch's rows are then
+/// delivered under the forged token, and once more with their own if a
+/// catch-up later fetches them); send rows at the writer's next tokens
+/// *one after the other*, ahead of the writer's own (no token jumped
+/// over): a row of the writer's then arrives below the last row at a
+/// token whose rows are not kept, and is taken as a duplicate; and, in
+/// the moment after this follower (re)connects, announce a writer before
+/// the writer does: an announcement at the follower's own position, or
+/// one claiming the range above it, hides the rows that writer wrote
+/// while the follower was away (Synapse's followers lose those rows with
+/// no forgery at all). On streams whose tokens restart (`typing`, ...), a
+/// forged `POSITION` below the position is taken as a restart, as
+/// Synapse takes it. The model test's adversary forges every other kind
+/// of line (runs of rows ahead that jump over the writer's included) and
+/// checks that every row a writer wrote is delivered once, in order.
 ///
 /// Deliberate differences from Synapse: connection state and `batch` rows
 /// are kept per (stream, writer), not per stream, so that a `POSITION` of

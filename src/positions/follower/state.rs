@@ -8,6 +8,7 @@ use crate::wire::{InstanceName, Position, RawRow, Rdata, RdataToken, StreamName,
 
 use super::super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
 use super::super::tokens_only_grow;
+use super::holes::{self, Holes};
 use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowOrigin, Rows};
 
 /// State shared by every stream.
@@ -239,15 +240,25 @@ fn raise(top: &mut Token, token: Token) {
 /// writer's own, to hide its row).
 const MAX_CONTESTED: usize = 4;
 
-/// A hole with nothing in it.
-const NO_HOLE: (Token, Token) = (Token(0), Token(0));
-
 /// A stream's `top` before any row was delivered or seeded on it.
 const NO_TOP: Token = Token(i64::MIN);
 
 /// Up to this many writers per stream, a writer is found by comparing names;
 /// beyond, through a hash map.
 const LINEAR_WRITERS: usize = 8;
+
+/// What a row at a token already delivered is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contest {
+    /// One of the rows delivered there.
+    Duplicate,
+    /// Another row: one of the two was forged, and it may be the first.
+    /// Delivered too.
+    Other,
+    /// Another row, but as many were delivered there as are kept: the
+    /// writer's own answer says which is its.
+    Full,
+}
 
 pub(super) struct StreamState {
     pub(super) name: StreamName,
@@ -276,18 +287,18 @@ pub(super) struct WriterState {
     pub(super) position: Option<Token>,
     /// The highest token of a row delivered, or the seeded or first
     /// announced position: the evidence. Rows at or below it are stale
-    /// (but for `hole`), and catch-ups fetch from it. Meaningful once
+    /// (but for `holes`), and catch-ups fetch from it. Meaningful once
     /// `position` is set; never above it.
     pub(super) floor: Token,
     /// `floor` is the writer's first announced position, not a row or a
     /// seed: a lower `POSITION` of the writer may lower it (nothing was
     /// delivered above it).
     floor_claimed: bool,
-    /// Tokens strictly between the two that the writer's last live row
-    /// jumped over: never delivered, so a row there is taken, not dropped
-    /// as stale (a forged row far ahead hides nothing below it). Empty
-    /// when the first is not below the second by two.
-    hole: (Token, Token),
+    /// Tokens the writer's live rows jumped over: never delivered, so a
+    /// row there is taken, not dropped as stale (a forged row far ahead
+    /// hides nothing below it), until an answer of the writer's settles
+    /// them.
+    holes: Holes,
     /// A [`fingerprint`] of the last row delivered at `floor`, 0 when no
     /// row was: another row at that token is not its duplicate.
     floor_print: u64,
@@ -325,7 +336,7 @@ impl WriterState {
             position: None,
             floor: Token(0),
             floor_claimed: false,
-            hole: NO_HOLE,
+            holes: Holes::default(),
             floor_print: 0,
             contested: None,
             connected: false,
@@ -353,21 +364,32 @@ impl WriterState {
         self.position = Some(token);
         self.floor = token;
         self.floor_claimed = claimed;
-        self.hole = NO_HOLE;
+        self.holes.clear();
         self.floor_print = 0;
         self.contested = None;
     }
 
-    /// Whether a stale row at `token` (last row `print`) differs from the
-    /// one delivered there: one of the two was forged, and it may be the
-    /// first.
-    fn contests(&self, token: Token, print: u64) -> bool {
-        let others = self.contested.as_deref().map_or(&[][..], |v| &v[..]);
-        token == self.floor
-            && self.floor_print != 0
-            && self.floor_print != print
-            && !others.contains(&print)
-            && (others.is_empty() || others.contains(&0))
+    /// What a row at `token`, already delivered (last row `print`), is
+    /// beside the rows delivered there.
+    fn contest(&self, token: Token, print: u64) -> Contest {
+        let (first, others): (u64, &[u64]) = if token == self.floor && self.floor_print != 0 {
+            (
+                self.floor_print,
+                self.contested.as_deref().map_or(&[0][..], |v| &v[..]),
+            )
+        } else if let Some(prints) = self.holes.prints_at(token) {
+            (0, prints)
+        } else {
+            // A row's token whose rows were not kept: stale.
+            return Contest::Duplicate;
+        };
+        if first == print || others.contains(&print) {
+            Contest::Duplicate
+        } else if others.contains(&0) {
+            Contest::Other
+        } else {
+            Contest::Full
+        }
     }
 
     /// Whether a row at `token` was delivered already, or lies before
@@ -375,17 +397,18 @@ impl WriterState {
     /// never does.
     #[inline]
     pub(super) fn is_stale(&self, token: Token) -> bool {
-        token <= self.floor && !self.in_hole(token)
+        token <= self.floor && !self.holes.contains(token)
     }
 
     /// Where a catch-up up to `token`, a row not stale, starts: the
     /// position, or below it the rows delivered (a `POSITION` claimed the
-    /// range, and a row says otherwise), or the bottom of the hole.
+    /// range, and a row says otherwise), or the bottom of the hole it
+    /// lies in.
     fn gap_start(&self, token: Token) -> Token {
         match self.position {
             Some(position) if token > position => position,
             _ if token > self.floor => self.floor,
-            _ => self.hole.0,
+            _ => self.holes.around(token).map_or(self.floor, |(low, _)| low),
         }
     }
 
@@ -395,29 +418,11 @@ impl WriterState {
         token < self.floor && self.floor_print != 0
     }
 
-    #[inline]
-    fn in_hole(&self, token: Token) -> bool {
-        self.hole.0 < token && token < self.hole.1
-    }
-
-    /// Where a catch-up from `from` starts: at the bottom of the hole
-    /// below it, if any, whose rows a lost connection may have taken.
+    /// Where a catch-up from `from` starts: at the bottom of the lowest
+    /// hole below it, whose rows a lost connection or a forged row may
+    /// have kept back, so that the writer's answer settles every hole.
     fn catch_up_start(&self, from: Token) -> Token {
-        if self.hole.1.0 > self.hole.0.0.saturating_add(1) && self.hole.0 < from {
-            self.hole.0
-        } else {
-            from
-        }
-    }
-
-    /// The writer answered a catch-up for every token up to `reached`:
-    /// the hole below that is settled, its rows delivered or never
-    /// written. (A catch-up starts at or below the hole: see
-    /// [`WriterState::catch_up_start`].)
-    fn settle_hole(&mut self, reached: Token) {
-        if self.hole.0 < reached {
-            self.hole.0 = reached.min(self.hole.1);
-        }
+        self.holes.lowest_below(from).unwrap_or(from)
     }
 
     /// Whether a `batch` row of `len` bytes joins the writer's open batch
@@ -448,8 +453,15 @@ impl WriterState {
             && !self.batch_cut
             && token > position
             && token > self.floor
-            && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
+            && token.0 <= evidence.0.saturating_add(limits.max_token_jump)
+            && !self.opens_one_too_many(token))
         .then_some(position)
+    }
+
+    /// Whether a live row at `token`, above the floor, would jump over
+    /// tokens while the writer already keeps as many holes as it may.
+    fn opens_one_too_many(&self, token: Token) -> bool {
+        token.0 > self.floor.0.saturating_add(1) && self.holes.is_full()
     }
 
     /// Adds `row` to the open batch. A batch's first row allocates what
@@ -491,9 +503,9 @@ impl WriterState {
             // Only ever there when forged lines came: no store otherwise.
             self.contested = None;
         }
-        if token.0 > position.0.saturating_add(1) {
-            self.hole = (position, token);
-        }
+        // From the last row, not the position: a `POSITION` only claimed
+        // the tokens between, and only rows make rows stale.
+        self.holes.open(self.floor, token, print);
         self.floor = token;
         self.floor_claimed = false;
         self.position = Some(token);
@@ -511,26 +523,23 @@ impl WriterState {
         if token > self.floor {
             self.floor_print = print;
             self.contested = None;
-        } else if token == self.floor && print != self.floor_print {
-            let slots = self.contested.get_or_insert_default();
-            if let Some(free) = slots.iter_mut().find(|slot| **slot == 0) {
-                *free = print;
+        } else {
+            if token == self.floor && print != self.floor_print {
+                holes::note(&mut self.contested.get_or_insert_default()[..], print);
             }
+            // The floor may be the top of a range too, and stay its top.
+            self.holes.note_print(token, print);
+        }
+        if !live {
+            // A row of the writer's own answer, which started below every
+            // hole under it: nothing of the writer's is left there.
+            self.holes.settle(token);
         }
         if token > self.floor {
-            // The tokens jumped over that nothing accounts for: above the
-            // position, or, for a row below it, above the last row.
-            let low = match self.position {
-                Some(position) if token > position => position,
-                _ => self.floor,
-            };
-            if live && token.0 > low.0.saturating_add(1) {
-                self.hole = (low, token);
+            if live {
+                self.holes.open(self.floor, token, print);
             }
             self.floor = token;
-        } else if self.in_hole(token) {
-            // A row in the hole: the hole shrinks to what is above it.
-            self.hole.0 = token;
         }
         self.floor_claimed = false;
         match self.position {
@@ -920,15 +929,25 @@ impl StreamState {
         }
         let print = fingerprint(rdata.row.as_bytes());
         if w.is_stale(token) {
-            if w.contests(token, print) {
-                // Not a duplicate: another row at the token of the last
-                // one. Delivered too, so that a forged row sent just ahead
-                // of the writer's hides nothing.
-                ctx.counters.rows_contested += 1;
-            } else {
-                ctx.counters.rdata_stale += 1;
-                w.clear_batch(ctx);
-                return;
+            match w.contest(token, print) {
+                Contest::Duplicate => {
+                    ctx.counters.rdata_stale += 1;
+                    w.clear_batch(ctx);
+                    return;
+                }
+                // Another row at the token of the last one: delivered
+                // too, so that a forged row sent just ahead of the
+                // writer's hides nothing.
+                Contest::Other if token == w.floor => ctx.counters.rows_contested += 1,
+                // Below the last row, or more rows there than are kept:
+                // the writer's answer says which row at the token is its.
+                Contest::Other | Contest::Full => {
+                    ctx.counters.rows_contested += 1;
+                    w.clear_batch(ctx);
+                    let from = Token(token.0.saturating_sub(1));
+                    self.start_catch_up(wi, from, token, ctx);
+                    return;
+                }
             }
         }
         if token < w.floor {
@@ -939,7 +958,7 @@ impl StreamState {
             // would make those below it stale).
             ctx.counters.claims_refuted += 1;
             w.clear_batch(ctx);
-            let from = w.hole.0;
+            let from = w.gap_start(token);
             self.start_catch_up(wi, from, token, ctx);
             return;
         }
@@ -961,6 +980,16 @@ impl StreamState {
             ctx.counters.jumps_checked += 1;
             w.clear_batch(ctx);
             self.start_catch_up(wi, position, token, ctx);
+            return;
+        }
+        if w.opens_one_too_many(token) {
+            // The writer keeps as many holes as it may: its answer up to
+            // this row settles them all, and brings this row if it is the
+            // writer's.
+            ctx.counters.holes_settled += 1;
+            w.clear_batch(ctx);
+            let from = w.gap_start(token);
+            self.start_catch_up(wi, from, token, ctx);
             return;
         }
         let rows = w.take_rows(rdata.row, ctx);
@@ -1024,7 +1053,7 @@ impl StreamState {
                     && w.position.is_some_and(|p| {
                         // One below the position but not below every row
                         // delivered contradicts the position: kept.
-                        (new < p && new < w.floor && !w.floor_claimed && !w.in_hole(new))
+                        (new < p && new < w.floor && !w.floor_claimed && !w.holes.contains(new))
                             || (new == p && !w.unproven)
                     })
             })
@@ -1071,10 +1100,10 @@ impl StreamState {
         if current > new {
             if monotonic {
                 if new < w.floor && !w.floor_claimed {
-                    if w.in_hole(new) {
+                    if w.holes.contains(new) {
                         // Below a row that jumped ahead (a forged one?), at
                         // a token never delivered: fetch what is missing.
-                        let from = w.hole.0;
+                        let from = w.gap_start(new);
                         self.start_catch_up(wi, from, new, ctx);
                         return;
                     }
@@ -1286,7 +1315,6 @@ impl StreamState {
             return;
         };
         ctx.counters.catch_ups_completed += 1;
-        w.settle_hole(reached);
         let position = if reached < catch_up.to {
             // The writer has not reached what it was said to be at: that
             // claim was false. Back to its rows.
@@ -1353,7 +1381,7 @@ impl StreamState {
         let writer = w.name.clone();
         let mut updates = page.updates.into_iter().peekable();
         while let Some((token, row)) = updates.next() {
-            if token <= from || token > end || w.is_stale(token) {
+            if token <= from || token > end {
                 ctx.counters.catch_up_rows_skipped += 1;
                 continue;
             }
@@ -1362,6 +1390,13 @@ impl StreamState {
                 rows.push(row);
             }
             let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
+            if w.is_stale(token) && w.contest(token, print) == Contest::Duplicate {
+                // Delivered already; still the writer's word that nothing
+                // of its own lies in the holes below.
+                w.holes.settle(token);
+                ctx.counters.catch_up_rows_skipped += rows.len() as u64;
+                continue;
+            }
             w.note_delivered(token, print, false, &mut ctx.counters);
             raise(&mut self.top, token);
             ctx.counters.rows_delivered += rows.len() as u64;
@@ -1455,13 +1490,12 @@ mod tests {
     fn summary(stream: &StreamState, ctx: &Ctx) -> String {
         let w = &stream.writers[0];
         format!(
-            "{:?} {:?} {} {:?} {} {:?} {} {} {} {} {} {} {:?} {:?} {:?} {}",
+            "{:?} {:?} {} {:?} {:?} {} {} {} {} {} {} {:?} {:?} {:?} {}",
             stream.top,
             w.position,
             w.floor,
             w.floor_claimed,
-            w.hole.0,
-            w.hole.1,
+            w.holes,
             w.floor_print,
             w.connected,
             w.batch_cut,
@@ -1506,7 +1540,7 @@ mod tests {
                 (Some(6), 2),
                 (Some(4), 5),
             ] {
-                for hole in [NO_HOLE, (Token(1), Token(5)), (Token(2), Token(3))] {
+                for hole in [None, Some((1, 5)), Some((2, 3))] {
                     for top in [None, Some(5), Some(30)] {
                         for floor_print in [0, print, 7] {
                             for (jump, batch_limit, bytes_limit) in [
@@ -1520,7 +1554,12 @@ mod tests {
                                         let mut w = WriterState::new(InstanceName::master(), true);
                                         w.position = position.map(Token);
                                         w.floor = Token(floor);
-                                        w.hole = hole;
+                                        // Holes lie below the last row.
+                                        if let Some((low, high)) =
+                                            hole.filter(|&(_, high)| high <= floor)
+                                        {
+                                            w.holes.open(Token(low), Token(high), print);
+                                        }
                                         w.floor_print = floor_print;
                                         w.connected = flag(0);
                                         w.unproven = flag(1);
@@ -1664,7 +1703,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 136,
+            mem::size_of::<WriterState>() <= 144,
             "{}",
             mem::size_of::<WriterState>()
         );
