@@ -143,9 +143,13 @@ impl Reservation {
 ///   through the others (its next id will be above theirs), and it skips
 ///   ahead over runs of persisted ids with no gap (5, 6, 7 seen: 7).
 ///
-/// Synapse recomputes this writer's position only when ids are persisted
-/// (`_mark_ids_as_finished`); so does this. A reservation given back or
-/// ids allocated move nothing until the next [`StreamIds::persisted`].
+/// Synapse recomputes these only when ids are persisted
+/// (`_mark_ids_as_finished`) or another writer advances (`advance`); so
+/// does this. A reservation given back, or ids allocated, move nothing
+/// until then. And this writer's position is raised to the stream's
+/// before the stream's follows a run of persisted ids, so it may trail the
+/// stream's by that run until the next recomputation. Both only delay an
+/// announcement.
 ///
 /// # Where Synapse's comments and code differ
 ///
@@ -902,7 +906,6 @@ mod tests {
         let mut ids = sole_writer(1);
         // This writer is one of them.
         for n in 1..MAX_INSTANCES {
-            // Every second id, so that gaps keep them all waiting.
             let id = i64::try_from(n).unwrap() * 2 + 10;
             ids.advance(&InstanceName::new(format!("w{n}")), Token(id))
                 .unwrap();
