@@ -83,7 +83,8 @@
 //! | answer Synapse's replication calls (`fed_send_edu`, ...) | `HttpServer::with_endpoint` (feature `http-server`) | an endpoint is a [`positions::ReplicationEndpoint`]; the checks, the txn-id cache and the waits are the server's |
 //! | call another process's endpoint | `ReplicationClient` (feature `http-catch-up`) | it waits for the callee's positions before it returns |
 //! | fetch what was missed | `HttpCatchUp` (feature `http-catch-up`; `follow` takes it by itself) | or any [`transport::CatchUpSource`] |
-//! | read Synapse's configuration | [`config::SynapseConfig`] | `redis:`, Sentinel, `stream_writers`, `instance_map`, the secret |
+//! | read Synapse's configuration | [`config::SynapseConfig`] | `redis:`, Sentinel, `stream_writers`, `instance_map`, the secret, `database:` ([`config::DatabaseConfig`]) |
+//! | keep the ids of a database-backed stream | [`positions::StreamIds`] | Synapse's `MultiWriterIdGenerator`, sans-IO: the caller reads the sequence |
 //! | run your own event loop | [`session::RedisSession`] (or [`session::TcpClientSession`], [`session::TcpServerSession`]) | the call order below |
 //! | replicate between Rust processes without Redis | [`transport::TcpServer`] and [`transport::TcpClient`] | Synapse's direct TCP protocol |
 //!

@@ -77,6 +77,18 @@ pub enum ConfigError {
         /// The instance, truncated to 64 characters.
         instance: String,
     },
+    /// A PostgreSQL connection was asked of a database section that is
+    /// not PostgreSQL.
+    #[error(
+        "{key}: synapse runs workers only on postgresql (psycopg2), not {engine}: \
+         a process sharing its database needs postgresql"
+    )]
+    NotPostgres {
+        /// The key that names the engine (`database.name`).
+        key: String,
+        /// The engine it names (`sqlite3`).
+        engine: &'static str,
+    },
     /// The URL has no `scheme:` in front.
     #[error("redis url has no scheme (expected redis://, rediss:// or unix://)")]
     MissingScheme,
@@ -233,9 +245,9 @@ impl ConfigError {
     /// there is one (`redis.port`, `stream_writers.typing`).
     pub fn key(&self) -> Option<String> {
         match self {
-            ConfigError::InvalidValue { key, .. } | ConfigError::UnknownKey { key } => {
-                Some(key.clone())
-            }
+            ConfigError::InvalidValue { key, .. }
+            | ConfigError::UnknownKey { key }
+            | ConfigError::NotPostgres { key, .. } => Some(key.clone()),
             ConfigError::MissingServerName => Some("server_name".to_owned()),
             ConfigError::ConflictingSecrets | ConfigError::SecretFile { .. } => {
                 Some("worker_replication_secret_path".to_owned())

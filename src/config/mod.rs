@@ -12,6 +12,9 @@
 //! - [`RedisConfig`] (with [`RedisAuth`], [`SentinelConfig`] and
 //!   [`AllowedMasters`]): where and how to reach Redis, from a URL or from
 //!   Synapse's `redis:` section ([`SynapseRedisConfig`]).
+//! - [`DatabaseConfig`]: Synapse's `database` section, the PostgreSQL
+//!   database a writer of a database-backed stream shares with Synapse's
+//!   processes (psycopg2's arguments, passwords kept out of `Debug`).
 //! - [`Endpoint`] and [`TlsConfig`]: where a server listens and the
 //!   client side of TLS, for Redis and HTTP alike.
 //! - [`ConfigError`]: the one error for a configuration a user got wrong,
@@ -23,6 +26,7 @@
 
 mod allow;
 mod auth;
+mod database;
 mod endpoint;
 pub(crate) mod error;
 mod redis;
@@ -35,6 +39,7 @@ mod writers;
 
 pub use allow::AllowedMasters;
 pub use auth::RedisAuth;
+pub use database::{DatabaseConfig, DatabaseEngine};
 pub use endpoint::Endpoint;
 pub use error::ConfigError;
 pub use redis::RedisConfig;
@@ -58,7 +63,8 @@ use serde::de::DeserializeOwned;
 /// configuration (`homeserver.yaml`, or the shared part of it every
 /// worker reads): the server name, which process writes which stream and
 /// where each listens for replication (`stream_writers`, `instance_map`),
-/// how to reach Redis (`redis:`), and the replication secret.
+/// how to reach Redis (`redis:`), the replication secret, and the
+/// database (`database:`).
 ///
 /// Read it from the YAML's JSON form (turn the YAML into JSON with the
 /// YAML library of your choice; this crate has no YAML parser). Unknown
@@ -93,6 +99,7 @@ pub struct SynapseConfig {
     writers: Arc<StreamWriters>,
     redis: Option<RedisConfig>,
     replication_secret: Option<String>,
+    database: Option<DatabaseConfig>,
 }
 
 impl SynapseConfig {
@@ -106,8 +113,9 @@ impl SynapseConfig {
     /// As Synapse 1.163.2 does: `redis.enabled` decides whether Redis is
     /// used (and with it, that every process writes `caches`);
     /// `worker_replication_secret_path` is read now and stripped of
-    /// surrounding whitespace. See [`StreamWriters::from_value`] and
-    /// [`RedisConfig::from_synapse`] for the other sections.
+    /// surrounding whitespace. See [`StreamWriters::from_value`],
+    /// [`RedisConfig::from_synapse`] and [`DatabaseConfig`] for the other
+    /// sections.
     pub fn from_value(value: serde_json::Value) -> Result<SynapseConfig, ConfigError> {
         let keys = serde_json::Map::<String, serde_json::Value>::deserialize(&value)?;
         let server_name = read_key::<String>(&keys, "server_name")?
@@ -117,6 +125,11 @@ impl SynapseConfig {
         let secret = read_key::<String>(&keys, "worker_replication_secret")?
             .filter(|secret| !secret.is_empty());
         let secret_path = read_key::<PathBuf>(&keys, "worker_replication_secret_path")?;
+        let database = DatabaseConfig::from_sections(
+            keys.get("database"),
+            keys.get("databases"),
+            keys.get("database_path"),
+        )?;
         let writers = StreamWriters::from_value(value)?;
         let redis = match &redis_section {
             Some(section) if section.enabled => Some(RedisConfig::from_synapse(section)?),
@@ -135,6 +148,7 @@ impl SynapseConfig {
             writers: Arc::new(writers),
             redis,
             replication_secret,
+            database,
         })
     }
 
@@ -155,6 +169,13 @@ impl SynapseConfig {
         self.redis.as_ref()
     }
 
+    /// The database (`database`, or the `main` one of `databases`), if
+    /// one is configured. See [`DatabaseConfig::postgres_params`] to
+    /// connect.
+    pub fn database(&self) -> Option<&DatabaseConfig> {
+        self.database.as_ref()
+    }
+
     /// The secret every replication HTTP request carries
     /// (`Authorization: Bearer`), if one is configured.
     pub fn replication_secret(&self) -> Option<&str> {
@@ -172,6 +193,7 @@ impl fmt::Debug for SynapseConfig {
                 "replication_secret",
                 &self.replication_secret.as_ref().map(|_| "<redacted>"),
             )
+            .field("database", &self.database)
             .finish()
     }
 }
@@ -324,6 +346,10 @@ mod tests {
                 r#"{"server_name": "x", "send_federation": "no"}"#,
                 "send_federation",
             ),
+            (
+                r#"{"server_name": "x", "database": {"name": "psycopg2", "args": {"port": "x"}}}"#,
+                "database.args.port",
+            ),
         ] {
             let error = SynapseConfig::from_json(text).expect_err(text);
             assert_eq!(error.key().as_deref(), Some(key), "{text}: {error}");
@@ -331,6 +357,26 @@ mod tests {
         }
         let url = RedisConfig::from_url("redis://h:0").expect_err("port 0");
         assert_eq!(url.key(), None, "{url}");
+    }
+
+    #[test]
+    fn the_database_password_is_never_shown() {
+        let synapse = SynapseConfig::from_json(
+            r#"{"server_name": "x", "database": {"name": "psycopg2",
+                "args": {"user": "synapse", "password": "db-hunter2", "host": "db"}}}"#,
+        )
+        .unwrap();
+        let database = synapse.database().unwrap();
+        assert_eq!(database.password(), Some("db-hunter2"));
+        let shown = format!("{synapse:?} {synapse:#?}");
+        assert!(!shown.contains("db-hunter2"), "{shown}");
+        assert!(shown.contains("host"), "{shown}");
+        assert!(
+            SynapseConfig::from_json(r#"{"server_name": "x"}"#)
+                .unwrap()
+                .database()
+                .is_none()
+        );
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //!
 //! Beside them, [`PositionWaits`] holds waits for a writer's position
 //! (read-your-writes, the replication HTTP API's `_stream_positions`),
-//! resolved by the positions the application has applied.
+//! resolved by the positions the application has applied; and
+//! [`StreamIds`] keeps the ids of a database-backed stream as Synapse's
+//! `MultiWriterIdGenerator` does (taken from a PostgreSQL sequence,
+//! persisted in any order), and the position its writer may announce.
 //!
 //! Both follow Synapse 1.163.2 (`replication/tcp/handler.py`,
 //! `replication/tcp/resource.py`), with the deliberate differences listed
@@ -60,6 +63,7 @@
 mod catch_up;
 mod follower;
 mod history;
+mod ids;
 mod replication;
 mod serve;
 mod waits;
@@ -74,6 +78,7 @@ pub use follower::{
     SeedError,
 };
 pub use history::{History, HistoryError, HistoryMode, TARGET_ROW_COUNT};
+pub use ids::{Loading, MAX_INSTANCES, Reservation, StreamIdError, StreamIds};
 pub use replication::{
     CacheLookup, CachedAnswer, MAX_POSITIONS, Method, RemoteError, ReplicationAnswer,
     ReplicationApi, ReplicationEndpoint, ReplicationError, ReplicationRequest, ResponseCache,
