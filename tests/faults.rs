@@ -450,13 +450,21 @@ fn forged_rows_ahead_of_a_writer_hide_none_of_its_rows() {
             forge(&ahead);
             write_events(&mut writer, 46, 300);
             caught_up(&runtime, &mut writer, &mut worker, "rows 46-300").await;
+            // Rows at master's very next tokens, one after the other: no
+            // token jumped over.
+            let next: Vec<String> = (301..=310)
+                .map(|token| format!(r#"RDATA events master {token} ["forged",{token}]"#))
+                .collect();
+            forge(&next);
+            write_events(&mut writer, 301, 320);
+            caught_up(&runtime, &mut writer, &mut worker, "rows 301-320").await;
 
             assert!(worker.surprises.is_empty(), "{:?}", worker.surprises);
             assert!(worker.forged_rows > 0, "the forged rows are delivered too");
             let follower = worker.client.follower();
             assert_eq!(
                 follower.resume_point(&StreamName::Events, &master()),
-                Some(Token(300))
+                Some(Token(320))
             );
         })
     });

@@ -1504,3 +1504,37 @@ fn forged_rows_that_jump_twice_hide_no_row() {
         "#,
     );
 }
+
+#[test]
+fn forged_rows_at_the_writer_s_next_tokens_hide_no_row() {
+    // Rows forged at w1's next tokens, one after the other (no token
+    // jumped over), ahead of w1's own: w1's row at the first arrives below
+    // the last row, at a token where another row was delivered. It is
+    // fetched (w1's answer says which row there is its) and delivered.
+    run(
+        "master",
+        r#"
+        > !seed events w1 0
+        > !connect
+        > POSITION events w1 0 0
+        > RDATA events w1 1 ["ev","$1"]
+        < rows events w1 1 ["ev","$1"]
+        > RDATA events w1 2 ["forged",2]
+        < rows events w1 2 ["forged",2]
+        > RDATA events w1 3 ["forged",3]
+        < rows events w1 3 ["forged",3]
+        > RDATA events w1 2 ["ev","$2"]
+        < catch-up #1 events w1 (1, 2]
+        > RDATA events w1 3 ["ev","$3"]
+        > RDATA events w1 4 ["ev","$4"]
+        > !page 1 {"updates":[[2,["ev","$2"]]],"upto_token":2,"limited":false}
+        < rows events w1 2 ["ev","$2"] [catch-up]
+        < position events w1 3
+        < rows events w1 3 ["ev","$3"]
+        < rows events w1 4 ["ev","$4"]
+        # the forged rows again: known, dropped
+        > RDATA events w1 2 ["forged",2]
+        > RDATA events w1 3 ["forged",3]
+        "#,
+    );
+}

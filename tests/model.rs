@@ -35,7 +35,10 @@
 //! The adversary also forges runs of rows ahead of a writer, each
 //! jumping above the one before (more than a follower keeps ranges for),
 //! and no loss is exempted: every row of every writer arrives, once, in
-//! order, whatever the forged lines.
+//! order, whatever the forged lines. The adversary forges no row at a
+//! token the writer then writes (the writer skips it): one there whose
+//! writer's own row is lost in transit can put the writer's later rows
+//! ahead of it (delivered, but out of order).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 512); `MODEL_TRACE=1`
 //! prints every delivery and event.
@@ -217,7 +220,7 @@ struct World {
     forged: HashSet<(usize, StreamName, usize)>,
     /// Tokens of forged rows, which no writer then uses: a forged row at
     /// the token of a row the writer writes next, and loses in transit,
-    /// hides that row (see the follower's docs).
+    /// can put the writer's later rows ahead of it.
     reserved: HashSet<(StreamName, Option<usize>, i64)>,
     /// (sender, receiver) whose last delivered command was a `batch` row:
     /// a forged numbered row then would close the writer's batch, whose

@@ -142,8 +142,14 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   confirm whatever range they are asked.
 /// - A row of the writer's at the very token of a forged one (other rows
 ///   at that token) is delivered too ([`FollowerCounters::rows_contested`]):
-///   as it comes at the last row's token, through a catch-up at the top
-///   of a range (the writer's answer says which row there is its).
+///   as it comes at the last row's token; below it, through a catch-up
+///   (the writer's answer says which row there is its). The follower
+///   knows the rows delivered at the top of each range kept, and at the
+///   last 16 tokens delivered live (forged rows at the writer's next
+///   tokens one after the other jump over nothing). A `POSITION` below
+///   the last row, or a writer's first on a new connection, with a range
+///   still open below it fetches that range: the writer's rows there may
+///   have been lost in transit.
 /// - What to persist is [`Follower::resume_points`]: never beyond a row
 ///   delivered, whatever was announced. Resuming from it costs at most a
 ///   catch-up.
@@ -153,10 +159,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// writer's row below a forged one, costs a catch-up); close a writer's
 /// open batch with a forged numbered row (the batch's rows are then
 /// delivered under the forged token, and once more with their own if a
-/// catch-up later fetches them); send rows at the writer's next tokens
-/// *one after the other*, ahead of the writer's own (no token jumped
-/// over): a row of the writer's then arrives below the last row at a
-/// token whose rows are not kept, and is taken as a duplicate; and, in
+/// catch-up later fetches them); send more than 16 rows at the writer's
+/// next tokens *one after the other*, ahead of the writer's own (no token
+/// jumped over): a row of the writer's at the first of them then arrives
+/// below the last row at a token whose rows are no longer known, and is
+/// taken as a duplicate; and, in
 /// the moment after this follower (re)connects, announce a writer before
 /// the writer does: an announcement at the follower's own position, or
 /// one claiming the range above it, hides the rows that writer wrote
@@ -164,8 +171,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// no forgery at all). On streams whose tokens restart (`typing`, ...), a
 /// forged `POSITION` below the position is taken as a restart, as
 /// Synapse takes it. The model test's adversary forges every other kind
-/// of line (runs of rows ahead that jump over the writer's included) and
-/// checks that every row a writer wrote is delivered once, in order.
+/// of line, at any token (runs of rows ahead that jump over the
+/// writer's, and rows at the very tokens the writer writes next,
+/// included), and checks that every row a writer wrote is delivered
+/// once, in order.
 ///
 /// Deliberate differences from Synapse: connection state and `batch` rows
 /// are kept per (stream, writer), not per stream, so that a `POSITION` of

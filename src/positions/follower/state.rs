@@ -380,8 +380,12 @@ impl WriterState {
         } else if let Some(prints) = self.holes.prints_at(token) {
             (0, prints)
         } else {
-            // A row's token whose rows were not kept: stale.
-            return Contest::Duplicate;
+            return match self.holes.recently(token, print) {
+                Some(false) => Contest::Other,
+                // One of the last rows, or a token whose rows were not
+                // kept: stale.
+                Some(true) | None => Contest::Duplicate,
+            };
         };
         if first == print || others.contains(&print) {
             Contest::Duplicate
@@ -506,6 +510,7 @@ impl WriterState {
         // From the last row, not the position: a `POSITION` only claimed
         // the tokens between, and only rows make rows stale.
         self.holes.open(self.floor, token, print);
+        self.holes.note_recent(token, print);
         self.floor = token;
         self.floor_claimed = false;
         self.position = Some(token);
@@ -530,6 +535,7 @@ impl WriterState {
             // The floor may be the top of a range too, and stay its top.
             self.holes.note_print(token, print);
         }
+        self.holes.note_recent(token, print);
         if !live {
             // A row of the writer's own answer, which started below every
             // hole under it: nothing of the writer's is left there.
@@ -905,50 +911,53 @@ impl StreamState {
                 return;
             }
         };
-        if w.unproven && !w.is_stale(token) {
+        let print = fingerprint(rdata.row.as_bytes());
+        // A row at a token where rows were delivered: a duplicate, or
+        // another row there (one of the two was forged, and it may be the
+        // first), fetched from the token below it.
+        let contest = w.is_stale(token).then(|| w.contest(token, print));
+        if contest == Some(Contest::Duplicate) {
+            ctx.counters.rdata_stale += 1;
+            w.batch_cut = false;
+            w.clear_batch(ctx);
+            return;
+        }
+        let from = match contest {
+            Some(_) => Token(token.0.saturating_sub(1)),
+            None => w.gap_start(token),
+        };
+        if contest.is_some() {
+            ctx.counters.rows_contested += 1;
+        }
+        if w.unproven {
             // Rows the writer wrote before this one may never have been
             // published: fetch up to it rather than apply it.
             w.unproven = false;
             w.batch_cut = false;
             w.clear_batch(ctx);
             ctx.counters.unproven_checked += 1;
-            let from = w.gap_start(token);
             self.start_catch_up(wi, from, token, ctx);
             return;
         }
         if w.batch_cut {
+            // Rows of its batch were lost: fetched with it.
             w.batch_cut = false;
             w.clear_batch(ctx);
-            if w.is_stale(token) {
-                ctx.counters.rdata_stale += 1;
-            } else {
-                let from = w.gap_start(token);
-                self.start_catch_up(wi, from, token, ctx);
-            }
+            self.start_catch_up(wi, from, token, ctx);
             return;
         }
-        let print = fingerprint(rdata.row.as_bytes());
-        if w.is_stale(token) {
-            match w.contest(token, print) {
-                Contest::Duplicate => {
-                    ctx.counters.rdata_stale += 1;
-                    w.clear_batch(ctx);
-                    return;
-                }
-                // Another row at the token of the last one: delivered
-                // too, so that a forged row sent just ahead of the
-                // writer's hides nothing.
-                Contest::Other if token == w.floor => ctx.counters.rows_contested += 1,
-                // Below the last row, or more rows there than are kept:
-                // the writer's answer says which row at the token is its.
-                Contest::Other | Contest::Full => {
-                    ctx.counters.rows_contested += 1;
-                    w.clear_batch(ctx);
-                    let from = Token(token.0.saturating_sub(1));
-                    self.start_catch_up(wi, from, token, ctx);
-                    return;
-                }
+        match contest {
+            // At the token of the last row: delivered as it comes, so that
+            // a forged row sent just ahead of the writer's hides nothing.
+            Some(Contest::Other) if token == w.floor => {}
+            // Below the last row, or more rows there than are kept: the
+            // writer's answer says which row at the token is its.
+            Some(_) => {
+                w.clear_batch(ctx);
+                self.start_catch_up(wi, from, token, ctx);
+                return;
             }
+            None => {}
         }
         if token < w.floor {
             // Inside the hole (not stale): below the row atop it, which the
@@ -1053,7 +1062,10 @@ impl StreamState {
                     && w.position.is_some_and(|p| {
                         // One below the position but not below every row
                         // delivered contradicts the position: kept.
-                        (new < p && new < w.floor && !w.floor_claimed && !w.holes.contains(new))
+                        (new < p
+                            && new < w.floor
+                            && !w.floor_claimed
+                            && w.holes.lowest_below(new).is_none())
                             || (new == p && !w.unproven)
                     })
             })
@@ -1100,10 +1112,10 @@ impl StreamState {
         if current > new {
             if monotonic {
                 if new < w.floor && !w.floor_claimed {
-                    if w.holes.contains(new) {
-                        // Below a row that jumped ahead (a forged one?), at
-                        // a token never delivered: fetch what is missing.
-                        let from = w.gap_start(new);
+                    if let Some(from) = w.holes.lowest_below(new) {
+                        // Below a row that jumped ahead (a forged one?),
+                        // above tokens never delivered: the writer's rows
+                        // there may have been lost in transit. Fetch them.
                         self.start_catch_up(wi, from, new, ctx);
                         return;
                     }
@@ -1143,6 +1155,10 @@ impl StreamState {
         if w.unproven && current < new {
             ctx.counters.unproven_checked += 1;
         }
+        // Rows lost in transit with this follower's connection may lie in
+        // the ranges a live row jumped over, still open: the writer's
+        // first announcement on the new connection fetches them.
+        let recheck = !was_connected && w.holes.lowest_below(new).is_some();
         w.unproven = false;
         // A writer's `prev` is never below a row it published: this
         // announcement or the last row delivered was forged. Neither is
@@ -1169,7 +1185,11 @@ impl StreamState {
         if far {
             ctx.counters.jumps_checked += 1;
         }
-        if !fetch && !far && (current == new || (!contradicted && trusted && prev <= current)) {
+        if !fetch
+            && !far
+            && !recheck
+            && (current == new || (!contradicted && trusted && prev <= current))
+        {
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
@@ -1703,7 +1723,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 144,
+            mem::size_of::<WriterState>() <= 152,
             "{}",
             mem::size_of::<WriterState>()
         );
