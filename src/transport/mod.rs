@@ -71,7 +71,8 @@
 //!
 //! [`postgres`]: the ids of a database-backed stream from Synapse's
 //! PostgreSQL (its sequence and `stream_positions`), behind a trait an
-//! application implements on its own pool.
+//! application can implement on its own pool, and a tokio-postgres client
+//! on any runtime's socket (feature `postgres`).
 
 mod client;
 #[cfg(any(feature = "http-catch-up", feature = "http-server"))]

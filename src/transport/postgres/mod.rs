@@ -14,9 +14,13 @@
 //! - [`DatabaseStream`]: each stream's sequence, tables and
 //!   `stream_positions` name, and the SQL Synapse runs on them.
 //! - [`StreamIdStore`]: what a writer needs from the database. Implement
-//!   it on your own pool's connections.
+//!   it on your own pool's connections, or take the implementation on
+//!   `tokio_postgres::Client` (feature `postgres`).
 //! - [`DatabaseIds`]: a [`StreamIds`](crate::positions::StreamIds) kept in
 //!   step with a store: load at startup, take ids, persist.
+//! - `PostgresConnect` (feature `postgres`): a tokio-postgres client for
+//!   Synapse's `database` section, over a socket any
+//!   [`Runtime`](crate::transport::Runtime) opens (smol or tokio).
 //!
 //! # The streams (Synapse 1.163.2)
 //!
@@ -42,9 +46,52 @@
 //!
 //! The id column is `stream_id` where not named, the writer's column
 //! `instance_name` everywhere.
+//!
+//! # Example
+//!
+//! On tokio (on smol, see `PostgresConnect`): a writer of `account_data`
+//! takes an id, writes its row with it, and after the commit writes and
+//! announces its position.
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "postgres", feature = "runtime-tokio"))]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use synapse_replication::config::SynapseConfig;
+//! use synapse_replication::transport::TokioRuntime;
+//! use synapse_replication::transport::postgres::{DatabaseIds, DatabaseStream, PostgresConnect};
+//! use synapse_replication::wire::InstanceName;
+//!
+//! let synapse = SynapseConfig::from_json(&std::fs::read_to_string("homeserver.json")?)?;
+//! let connect = PostgresConnect::new(synapse.database().ok_or("no database section")?)?;
+//! let runtime = TokioRuntime::current().ok_or("not on a tokio runtime")?;
+//! let (client, connection) = connect.connect(&runtime).await?;
+//! tokio::spawn(connection);
+//!
+//! let me = InstanceName::from("rust_account_data");
+//! let ids = DatabaseIds::load(client, DatabaseStream::ACCOUNT_DATA, me.clone(), [me.clone()])
+//!     .await?;
+//! let taken = ids.take(1).await?;
+//! ids.store()
+//!     .execute(
+//!         "INSERT INTO account_data (user_id, account_data_type, stream_id, content, instance_name) \
+//!          VALUES ($1, $2, $3, $4, $5)",
+//!         &[&"@alice:example.com", &"org.example", &taken[0].0, &"{}", &me.as_str()],
+//!     )
+//!     .await?;
+//! let position = ids.persisted(&taken).await?;
+//! println!("RDATA account_data {me} {position} ...");
+//! # Ok(())
+//! # }
+//! # fn main() {}
+//! ```
 
+#[cfg(feature = "postgres")]
+mod client;
 mod store;
 mod streams;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use client::{PostgresConnect, PostgresConnection, PostgresError};
 pub use store::{DatabaseIds, DatabaseIdsError, StreamIdStore};
 pub use streams::{DatabaseStream, StreamTable};

@@ -18,8 +18,10 @@ use crate::wire::{InstanceName, Token};
 /// counting down ([`DatabaseStream::positive`]); an implementation negates
 /// them on the way to and from such a stream's tables.
 ///
-/// Implement it on your pool's connections with the SQL of
-/// [`DatabaseStream`]'s `*_sql` methods.
+/// Implemented for `tokio_postgres::Client` and
+/// `tokio_postgres::Transaction` (feature `postgres`), with the SQL of
+/// [`DatabaseStream`]'s `*_sql` methods; implement it on your own pool's
+/// connections with the same statements.
 #[async_trait]
 pub trait StreamIdStore: Send + Sync {
     /// The database's error.
@@ -202,7 +204,8 @@ impl<S: StreamIdStore> DatabaseIds<S> {
     }
 
     /// [`DatabaseIds::take`] on another connection: the transaction that
-    /// writes the rows, as Synapse takes its ids. The ids stay taken if it rolls back:
+    /// writes the rows, as Synapse takes its ids (`tokio_postgres::Transaction`
+    /// implements [`StreamIdStore`]). The ids stay taken if it rolls back:
     /// give them to [`DatabaseIds::rolled_back`].
     pub async fn take_on<T: StreamIdStore + ?Sized>(
         &self,
