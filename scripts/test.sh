@@ -21,6 +21,9 @@ need() { # command package
 }
 need redis-server redis-server
 need openssl openssl
+# The PostgreSQL tests (and the Synapse deployments) use the server on
+# 127.0.0.1:5432; psql drops the databases they create.
+need psql postgresql-client
 
 # The interop tests run Synapse's own Python code as a peer: a venv with the
 # pinned Synapse, made once and kept in a cache directory between runs. The

@@ -66,11 +66,19 @@
 //! TCP, a Unix socket, or TLS (feature `tls`, rustls), which never falls
 //! back to plaintext. The same dialer opens HTTP catch-up's connections,
 //! to an `instance_map` [`Endpoint`](crate::config::Endpoint).
+//!
+//! # Synapse's database
+//!
+//! [`postgres`]: the ids of a database-backed stream from Synapse's
+//! PostgreSQL (its sequence and `stream_positions`), behind a trait an
+//! application can implement on its own pool, and a tokio-postgres client
+//! on any runtime's socket (feature `postgres`).
 
 mod client;
 #[cfg(any(feature = "http-catch-up", feature = "http-server"))]
 mod http;
 mod net;
+pub mod postgres;
 mod redis;
 mod runtime;
 mod tcp;
