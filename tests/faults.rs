@@ -26,7 +26,8 @@ use common::nodes::{
     row, run_for, run_until, write_events,
 };
 use common::redis_server::RedisServer;
-use synapse_replication::config::RedisConfig;
+use synapse_replication::config::{RedisConfig, StreamWriters};
+use synapse_replication::positions::FollowerLimits;
 use synapse_replication::resp::Frame;
 use synapse_replication::session::{RedisError, RedisLink, RedisSession};
 use synapse_replication::transport::{BoxFuture, RedisClientConfig, SmolRuntime, TokioRuntime};
@@ -405,6 +406,120 @@ fn another_process_publishing_under_our_name_is_counted_and_warned_about() {
 }
 
 // --- forged lines in a writer's name --------------------------------------
+
+#[test]
+fn made_up_names_make_a_real_writer_lose_no_row() {
+    // Writers the configuration does not name (a generic worker writing
+    // `caches`) share a bounded number of tracked pairs with any name a
+    // forger makes up. A flood of made-up names makes the follower forget
+    // the real one while it is idle; when it writes again, every row
+    // arrives, once, in order (Logs checks each delivery).
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let logs = Logs::default();
+            let caches = StreamName::Caches;
+            let generic1 = InstanceName::from("generic1");
+            let mut writer = Node::new(
+                "generic1",
+                runtime.clone(),
+                config.clone(),
+                &logs,
+                fast_options(),
+                |_| {},
+            );
+            writer
+                .client
+                .advance(&caches, Token(0))
+                .expect("every process writes caches");
+            let mut limits = FollowerLimits::default();
+            limits.max_tracked_pairs = 4;
+            let mut worker = Node::with_limits(
+                "worker1",
+                runtime.clone(),
+                config.clone(),
+                &logs,
+                fast_options(),
+                Arc::new(StreamWriters::default().with_redis(true)),
+                limits,
+                |_| {},
+            );
+            worker.keep_events = true;
+            worker.follow_from_start(&caches, &generic1);
+            let write = |writer: &mut Node, from: u64, to: u64| {
+                for n in from..=to {
+                    writer.write(&caches, Token(n as i64), vec![row(&caches, n, 0, 0)]);
+                }
+            };
+            run_until(
+                &runtime,
+                &mut [&mut writer, &mut worker],
+                "both ready, generic1 followed",
+                PATIENCE,
+                |nodes| {
+                    nodes.iter().all(|node| node.ready > 0)
+                        && nodes[1]
+                            .client
+                            .follower()
+                            .is_writer_connected(&caches, &generic1)
+                },
+            )
+            .await;
+            write(&mut writer, 1, 10);
+            let caught_up = |nodes: &[&mut Node]| nodes[1].caught_up(&caches, &generic1);
+            run_until(
+                &runtime,
+                &mut [&mut writer, &mut worker],
+                "rows 1-10",
+                PATIENCE,
+                caught_up,
+            )
+            .await;
+
+            let mut impostor = RawRedis::connect(server.port(), None);
+            for i in 0..50 {
+                let line = format!("POSITION caches made_up{i} 0 1");
+                impostor.queue_publish(PREFIX, line.as_bytes());
+            }
+            impostor.flush();
+            impostor.replies();
+            run_until(
+                &runtime,
+                &mut [&mut writer, &mut worker],
+                "the made-up names",
+                PATIENCE,
+                |nodes| nodes[1].client.follower().counters().writers_forgotten >= 46,
+            )
+            .await;
+            assert!(
+                worker
+                    .events
+                    .iter()
+                    .any(|event| event.contains("forgotten caches generic1")),
+                "generic1 was forgotten to make room"
+            );
+            write(&mut writer, 11, 30);
+            run_until(
+                &runtime,
+                &mut [&mut writer, &mut worker],
+                "rows 11-30",
+                PATIENCE,
+                caught_up,
+            )
+            .await;
+            // The made-up names start where they announce themselves.
+            assert!(
+                worker
+                    .surprises
+                    .iter()
+                    .all(|event| event.contains("made_up")),
+                "{:?}",
+                worker.surprises
+            );
+        })
+    });
+}
 
 #[test]
 fn forged_rows_ahead_of_a_writer_hide_none_of_its_rows() {

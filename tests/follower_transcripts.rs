@@ -1538,3 +1538,43 @@ fn forged_rows_at_the_writer_s_next_tokens_hide_no_row() {
         "#,
     );
 }
+
+#[test]
+fn a_writer_forgotten_to_make_room_loses_no_row() {
+    // Made-up names fill the pairs a follower tracks for writers the
+    // configuration does not name; a real one (a generic worker writing
+    // `caches`) is forgotten to make room. Heard of again, it goes on
+    // from where it was: what it wrote meanwhile is fetched.
+    let mut limits = FollowerLimits::default();
+    limits.max_tracked_pairs = 2;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !connect
+        > POSITION caches generic1 0 1
+        < started caches generic1 1
+        > RDATA caches generic1 2 ["f",null,2]
+        < rows caches generic1 2 ["f",null,2]
+        > POSITION caches made_up1 0 1
+        < started caches made_up1 1
+        # generic1 was heard from since it was admitted: it stays, once
+        > POSITION caches made_up2 0 1
+        < forgotten caches made_up1 at 1
+        < started caches made_up2 1
+        > POSITION caches made_up3 0 1
+        < forgotten caches generic1 at 2
+        < started caches made_up3 1
+        # generic1 wrote 3 meanwhile (lost on the follower's side), then 4
+        > RDATA caches generic1 4 ["f",null,4]
+        < forgotten caches made_up2 at 1
+        < catch-up #1 caches generic1 (2, 4]
+        > !page 1 {"updates":[[3,["f",null,3]],[4,["f",null,4]]],"upto_token":4,"limited":false}
+        < rows caches generic1 3 ["f",null,3] [catch-up]
+        < rows caches generic1 4 ["f",null,4] [catch-up]
+        < position caches generic1 4
+        > RDATA caches generic1 5 ["f",null,5]
+        < rows caches generic1 5 ["f",null,5]
+        "#,
+    );
+    assert_eq!(script.follower.counters().writers_forgotten, 3);
+}

@@ -21,7 +21,9 @@ use std::time::Duration;
 use synapse_replication::positions::{BoxError, FollowerEvent};
 
 use synapse_replication::config::{RedisConfig, StreamWriters};
-use synapse_replication::positions::{CatchUpPage, CatchUpRequest, Follower, Writer};
+use synapse_replication::positions::{
+    CatchUpPage, CatchUpRequest, Follower, FollowerLimits, Writer,
+};
 use synapse_replication::session::{Disconnect, RedisError, RedisEvent, RedisLink, RedisSession};
 use synapse_replication::transport::{
     CatchUpSource, RedisClient, RedisClientConfig, Runtime, async_trait,
@@ -267,13 +269,29 @@ impl Node {
         registry: Arc<dyn WriterRegistry>,
         tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
     ) -> Node {
+        let limits = FollowerLimits::default();
+        Node::with_limits(name, runtime, config, logs, client, registry, limits, tune)
+    }
+
+    /// [`Node::with_registry`] with the follower's limits given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_limits(
+        name: &'static str,
+        runtime: Rt,
+        config: RedisConfig,
+        logs: &Logs,
+        client: RedisClientConfig,
+        registry: Arc<dyn WriterRegistry>,
+        limits: FollowerLimits,
+        tune: impl FnOnce(&mut synapse_replication::session::RedisSessionConfig),
+    ) -> Node {
         let me = InstanceName::from(name);
         let mut options = config.session_config(PREFIX);
         options.client_name = Some(name.to_owned());
         tune(&mut options);
         let session = RedisSession::new(
             options,
-            Follower::new(me.clone(), registry.clone()),
+            Follower::with_limits(me.clone(), registry.clone(), limits),
             Writer::new(me, registry),
         );
         let client = RedisClient::with_config(runtime, config, session, client)

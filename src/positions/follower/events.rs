@@ -80,12 +80,12 @@ pub enum FollowerEvent {
         /// The writer's announced position.
         new: Token,
     },
-    /// A writer the configuration does not name, heard from least
-    /// recently, is no longer tracked: it made room for another under
-    /// [`FollowerLimits::max_tracked_pairs`]. If it writes again it starts
-    /// afresh at its next `POSITION`, as a writer never seen
-    /// ([`FollowerEvent::Started`]): what it wrote in between is not
-    /// fetched. Configured writers are never forgotten.
+    /// A writer the configuration does not name, admitted before the
+    /// others and not heard from since, is no longer tracked: it made room
+    /// for another under [`FollowerLimits::max_tracked_pairs`]. Its resume
+    /// point is remembered (among the last 16,384 forgotten): if it writes
+    /// again, it goes on from there, and what it wrote in between is
+    /// fetched by a catch-up. Configured writers are never forgotten.
     Forgotten {
         /// The stream.
         stream: StreamName,
@@ -236,10 +236,15 @@ pub struct FollowerLimits {
     /// neither `instance_map` nor `stream_writers`, and writers of streams
     /// this crate does not know. Anyone who may publish can create those;
     /// configured writers ([`WriterRegistry::is_configured`](crate::writers::WriterRegistry::is_configured))
-    /// are always tracked and not counted. At the limit, the pair heard
-    /// from least recently with no catch-up outstanding is forgotten to
-    /// make room ([`FollowerEvent::Forgotten`]); only when every pair has
-    /// a catch-up outstanding is the newcomer rejected
+    /// are always tracked and not counted. At the limit, a pair is
+    /// forgotten to make room ([`FollowerEvent::Forgotten`]): the first
+    /// admitted that was not heard from since and has no catch-up
+    /// outstanding (one heard from gets a second chance), found in O(1)
+    /// amortised. Its resume point is kept (for the last 16,384
+    /// forgotten): heard of again, the writer goes on from there, and a
+    /// catch-up fetches what it wrote meanwhile, so that made-up names
+    /// make a real writer lose no row. Only when every pair has a
+    /// catch-up outstanding is the newcomer rejected
     /// ([`RejectReason::TooManyWriters`]). See also
     /// [`Follower::forget_writer`](super::Follower::forget_writer).
     pub max_tracked_pairs: usize,

@@ -6,6 +6,7 @@
 
 mod events;
 mod holes;
+mod room;
 mod rows;
 mod state;
 
@@ -24,6 +25,7 @@ use crate::wire::{
 use crate::writers::{WriterList, WriterRegistry};
 
 use super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
+use room::Room;
 use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 
 /// Follows replication streams: the positions half of Synapse's
@@ -199,6 +201,9 @@ pub struct Follower {
     registry: Arc<dyn WriterRegistry>,
     streams: Streams,
     ctx: Ctx,
+    /// The writers the configuration does not name, and where those
+    /// forgotten to make room stood.
+    room: Room,
 }
 
 impl fmt::Debug for Follower {
@@ -247,6 +252,7 @@ impl Follower {
                 clock: 0,
                 buffered_bytes: 0,
             },
+            room: Room::default(),
         }
     }
 
@@ -617,32 +623,50 @@ impl Follower {
         true
     }
 
-    /// Forgets the writer the configuration does not name that was heard
-    /// from least recently and has no catch-up outstanding; whether there
-    /// was one.
-    fn forget_idlest(&mut self) -> bool {
-        let idlest = self
-            .streams
-            .all()
-            .flat_map(|s| s.writers.iter().map(move |w| (s, w)))
-            .filter(|(_, w)| !w.configured && w.pending.is_none())
-            .min_by_key(|(_, w)| w.heard)
-            .map(|(s, w)| (s.name.clone(), w.name.clone(), w.position.map(|_| w.floor)));
-        let Some((stream, writer, token)) = idlest else {
-            return false;
-        };
-        if !self.forget_writer(&stream, &writer) {
-            return false;
+    /// Forgets a writer the configuration does not name to make room: the
+    /// first in line not heard from since it was queued (one heard from
+    /// goes to the back, a second chance, as does one with a catch-up
+    /// outstanding). Its resume point is remembered, so that heard of
+    /// again it is caught up from there. Whether one was forgotten: not
+    /// when every one has a catch-up outstanding.
+    ///
+    /// Each pair sent to the back in the first pass was heard from since
+    /// it was queued, and the second pass forgets the first it meets
+    /// without a catch-up: over any run of commands, the pairs looked at
+    /// number at most the admissions and commands handled, so admitting
+    /// costs O(1) amortised.
+    fn make_room(&mut self) -> bool {
+        let passes = 2 * self.room.queued() + 1;
+        for _ in 0..passes {
+            let Some((queued, stream, writer)) = self.room.next() else {
+                return false;
+            };
+            let Some(w) = self.streams.find(&stream).and_then(|s| s.writer(&writer)) else {
+                // Forgotten already.
+                continue;
+            };
+            if w.heard > queued || w.pending.is_some() {
+                let clock = self.ctx.clock;
+                self.ctx.clock += 1;
+                self.room.queue(clock, stream, writer);
+                continue;
+            }
+            let token = w.position.map(|_| w.floor);
+            if !self.forget_writer(&stream, &writer) {
+                continue;
+            }
+            self.ctx.counters.writers_forgotten += 1;
+            if let Some(token) = token {
+                self.room.remember(stream.clone(), writer.clone(), token);
+                self.ctx.events.push_back(FollowerEvent::Forgotten {
+                    stream,
+                    writer,
+                    token,
+                });
+            }
+            return true;
         }
-        self.ctx.counters.writers_forgotten += 1;
-        if let Some(token) = token {
-            self.ctx.events.push_back(FollowerEvent::Forgotten {
-                stream,
-                writer,
-                token,
-            });
-        }
-        true
+        false
     }
 
     /// Where `writer` is on `stream`: the token up to which its rows were
@@ -811,7 +835,7 @@ impl Follower {
         let configured = self.registry.is_configured(stream, instance);
         if !configured
             && self.ctx.open_pairs >= self.ctx.limits.max_tracked_pairs
-            && !self.forget_idlest()
+            && !self.make_room()
         {
             return Err(RejectReason::TooManyWriters);
         }
@@ -833,10 +857,35 @@ impl Follower {
         let mut writer = WriterState::new(InstanceName::from(instance.as_str()), configured);
         writer.heard = self.ctx.clock;
         self.ctx.clock += 1;
+        let recalled = (!configured)
+            .then(|| self.room.recall(stream, instance))
+            .flatten();
+        if let Some(token) = recalled {
+            // Forgotten to make room: it goes on from its resume point,
+            // and its next move is fetched from there (what it wrote
+            // meanwhile was not delivered).
+            writer.restart_at(token, false);
+            writer.connected = self.ctx.connected;
+            writer.unproven = true;
+            state.raise_top(token);
+        }
+        let heard = writer.heard;
+        let name = writer.name.clone();
         let wi = state.add_writer(writer);
         self.ctx.pairs += 1;
         if !configured {
             self.ctx.open_pairs += 1;
+            self.room
+                .queue(heard, StreamName::from(stream.as_str()), name);
+            if self.room.queued() > 2 * self.ctx.open_pairs + 64 {
+                // Entries of pairs forgotten through `forget_writer`.
+                let streams = &self.streams;
+                self.room.compact(|stream, writer| {
+                    streams
+                        .find(stream)
+                        .is_some_and(|s| s.writer(writer).is_some())
+                });
+            }
         }
         Ok((slot, wi))
     }
