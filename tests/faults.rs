@@ -557,9 +557,9 @@ fn forged_rows_ahead_of_a_writer_hide_none_of_its_rows() {
             ]);
             write_events(&mut writer, 11, 45);
             caught_up(&runtime, &mut writer, &mut worker, "rows 11-45").await;
-            // Many more, each jumping above the last: more than a writer
-            // keeps ranges for.
-            let ahead: Vec<String> = (0..80)
+            // Many more, each jumping above the last (a follower keeps the
+            // last 32 ranges jumped over).
+            let ahead: Vec<String> = (0..31)
                 .map(|i| format!(r#"RDATA events master {} ["forged",{i}]"#, 50 + 3 * i))
                 .collect();
             forge(&ahead);

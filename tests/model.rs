@@ -33,7 +33,8 @@
 //! below them).
 //!
 //! The adversary also forges runs of rows ahead of a writer, each
-//! jumping above the one before (more than a follower keeps ranges for),
+//! jumping above the one before (up to 31: a follower keeps the last 32
+//! ranges jumped over),
 //! and no loss is exempted: every row of every writer arrives, once, in
 //! order, whatever the forged lines. The adversary forges no row at a
 //! token the writer then writes (the writer skips it): one there whose
@@ -552,9 +553,9 @@ impl World {
     /// Puts a forged line at the head of what `w` sends to `to`: a
     /// `POSITION` that adopts a token far ahead (kind 0), one with a gap
     /// up to a token ahead (1), one behind (4); an `RDATA` far ahead (2)
-    /// or `amount` tokens ahead of the writer (3); or `2 * amount`
-    /// `RDATA` ahead of the writer, each jumping above the one before
-    /// (5: more, at most, than a follower keeps ranges for).
+    /// or `amount` tokens ahead of the writer (3); or up to 31 `RDATA`
+    /// ahead of the writer, each jumping above the one before (5: a
+    /// follower keeps the last 32 ranges jumped over).
     fn forge(&mut self, to: usize, w: usize, s: usize, kind: u8, amount: u8) {
         if to == w || !self.processes[to].up {
             return;
@@ -598,7 +599,7 @@ impl World {
             // Sent in order, each two above the last: pushed to the head
             // of the channel last first.
             let key = (stream.clone(), if shared(&stream) { None } else { Some(w) });
-            let tokens: Vec<Token> = (0..2 * i64::from(amount))
+            let tokens: Vec<Token> = (0..2 + i64::from(amount) % 30)
                 .map(|i| Token(ahead.0 + 2 * i))
                 .collect();
             for &token in tokens.iter().rev() {

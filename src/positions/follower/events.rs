@@ -338,8 +338,4 @@ pub struct FollowerCounters {
     /// `RDATA` at the token of the writer's last row but with other rows:
     /// delivered, not dropped as a duplicate (one of the two was forged).
     pub rows_contested: u64,
-    /// Catch-ups that settle the tokens a writer's live rows jumped over,
-    /// once it kept as many such ranges as it may: one per 32 jumps (in
-    /// multi-writer streams, a writer's tokens jump over the others').
-    pub holes_settled: u64,
 }

@@ -3,9 +3,11 @@
 
 use crate::wire::Token;
 
-/// How many ranges one writer keeps. A live row that would open one more
-/// is fetched instead, from the bottom of the lowest, so that the writer's
-/// answer settles them all at once: one catch-up per this many jumps.
+/// How many ranges one writer keeps; the oldest gives way to a new one.
+/// In multi-writer streams a writer's tokens jump over the others' at
+/// every row, so ranges are opened all the time: settling them by
+/// catch-ups would cost one per so many rows, and stall a follower whose
+/// writer cannot be asked (a `caches` writer outside `instance_map`).
 pub(super) const MAX_HOLES: usize = 32;
 
 /// How many different rows one top keeps fingerprints of.
@@ -52,11 +54,6 @@ struct Hole {
 }
 
 impl Holes {
-    /// Whether one more range would be one too many.
-    pub(super) fn is_full(&self) -> bool {
-        self.ranges.len() >= MAX_HOLES
-    }
-
     /// The range `token` lies strictly inside, if any.
     pub(super) fn around(&self, token: Token) -> Option<(Token, Token)> {
         self.ranges
@@ -120,7 +117,8 @@ impl Holes {
 
     /// Records that a live row at `high` (fingerprint `print`) jumped over
     /// everything above `low`. Rows come above every range, so it goes
-    /// last; nothing when nothing lies between.
+    /// last, and the oldest gives way beyond [`MAX_HOLES`]; nothing when
+    /// nothing lies between.
     pub(super) fn open(&mut self, low: Token, high: Token, print: u64) {
         if high.0 <= low.0.saturating_add(1) {
             return;
@@ -130,6 +128,9 @@ impl Holes {
         debug_assert!(self.ranges.last().is_none_or(|hole| hole.high <= low));
         let mut prints = [0; PRINTS];
         prints[0] = print;
+        if self.ranges.len() >= MAX_HOLES {
+            self.ranges.remove(0);
+        }
         self.ranges.push(Hole { low, high, prints });
     }
 
@@ -219,12 +220,13 @@ mod tests {
     #[test]
     fn a_writer_keeps_a_bounded_number_of_ranges() {
         let mut h = Holes::default();
-        for i in 0..MAX_HOLES as i64 {
-            assert!(!h.is_full());
+        for i in 0..MAX_HOLES as i64 + 3 {
             h.open(Token(3 * i), Token(3 * i + 2), 7);
         }
-        assert!(h.is_full());
         assert_eq!(h.ranges.len(), MAX_HOLES);
+        // The oldest gave way.
+        assert!(!h.contains(Token(7)));
+        assert!(h.contains(Token(10)));
     }
 
     #[test]

@@ -135,13 +135,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   writer's rows below a forged one are still delivered when they come
 ///   (fetched up to each: a live row below the last one says one of the
 ///   two was forged), and a catch-up after a lost connection fetches
-///   them. Up to 32 such ranges are kept per writer; a row that would
-///   open one more is fetched instead, from the bottom of the lowest, and
-///   the writer's answer settles them all (in multi-writer streams, where
-///   a writer's tokens jump over the others', that is one catch-up per 32
-///   of its rows, counted in [`FollowerCounters::holes_settled`]). Only
-///   rows settle: an answer's `upto` does not, as Synapse's writers
-///   confirm whatever range they are asked.
+///   them. The last 32 such ranges are kept per writer (in multi-writer
+///   streams a writer's tokens jump over the others' at every row, so no
+///   catch-up is spent on them). Only rows settle a range: an answer's
+///   `upto` does not, as Synapse's writers confirm whatever range they
+///   are asked.
 /// - A row of the writer's at the very token of a forged one (other rows
 ///   at that token) is delivered too ([`FollowerCounters::rows_contested`]):
 ///   as it comes at the last row's token; below it, through a catch-up
@@ -161,7 +159,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// writer's row below a forged one, costs a catch-up); close a writer's
 /// open batch with a forged numbered row (the batch's rows are then
 /// delivered under the forged token, and once more with their own if a
-/// catch-up later fetches them); send more than 16 rows at the writer's
+/// catch-up later fetches them); send more than 32 rows ahead of the
+/// writer, each jumping above the one before, so that the range the first
+/// jumped over is no longer kept when the writer's rows there come (they
+/// are then taken as stale); send more than 16 rows at the writer's
 /// next tokens *one after the other*, ahead of the writer's own (no token
 /// jumped over): a row of the writer's at the first of them then arrives
 /// below the last row at a token whose rows are no longer known, and is
@@ -1019,6 +1020,40 @@ mod tests {
 
     fn events(follower: &mut Follower) -> Vec<FollowerEvent> {
         std::iter::from_fn(|| follower.poll_event()).collect()
+    }
+
+    #[test]
+    fn tokens_that_jump_at_every_row_cost_no_catch_up() {
+        // In multi-writer streams a writer's tokens jump over the others'
+        // at every row, with its POSITIONs between: however many jumps,
+        // none asks for a catch-up (a `caches` writer outside
+        // `instance_map` cannot be asked), and every row is delivered.
+        let mut follower = Follower::new(InstanceName::from("me"), Arc::new(Anyone));
+        follower.connected();
+        follower.handle_position(position_on("events", "w1", 0));
+        for i in 1..=1000 {
+            follower.handle_rdata(rdata_on("events", "w1", 3 * i));
+            if i % 20 == 0 {
+                // Its token moved on without rows: `POSITION last new`.
+                follower.handle_position(Position {
+                    prev_token: Token(3 * i),
+                    ..position_on("events", "w1", 3 * i + 1)
+                });
+            }
+        }
+        let events = events(&mut follower);
+        let rows = events
+            .iter()
+            .filter(|event| matches!(event, FollowerEvent::Rows { .. }))
+            .count();
+        assert_eq!(rows, 1000);
+        assert!(
+            !events
+                .iter()
+                .any(|event| matches!(event, FollowerEvent::CatchUp(_))),
+            "{:?}",
+            follower.counters()
+        );
     }
 
     #[test]

@@ -457,15 +457,8 @@ impl WriterState {
             && !self.batch_cut
             && token > position
             && token > self.floor
-            && token.0 <= evidence.0.saturating_add(limits.max_token_jump)
-            && !self.opens_one_too_many(token))
+            && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
         .then_some(position)
-    }
-
-    /// Whether a live row at `token`, above the floor, would jump over
-    /// tokens while the writer already keeps as many holes as it may.
-    fn opens_one_too_many(&self, token: Token) -> bool {
-        token.0 > self.floor.0.saturating_add(1) && self.holes.is_full()
     }
 
     /// Adds `row` to the open batch. A batch's first row allocates what
@@ -989,16 +982,6 @@ impl StreamState {
             ctx.counters.jumps_checked += 1;
             w.clear_batch(ctx);
             self.start_catch_up(wi, position, token, ctx);
-            return;
-        }
-        if w.opens_one_too_many(token) {
-            // The writer keeps as many holes as it may: its answer up to
-            // this row settles them all, and brings this row if it is the
-            // writer's.
-            ctx.counters.holes_settled += 1;
-            w.clear_batch(ctx);
-            let from = w.gap_start(token);
-            self.start_catch_up(wi, from, token, ctx);
             return;
         }
         let rows = w.take_rows(rdata.row, ctx);
