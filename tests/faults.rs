@@ -408,6 +408,57 @@ fn another_process_publishing_under_our_name_is_counted_and_warned_about() {
 // --- forged lines in a writer's name --------------------------------------
 
 #[test]
+fn replicate_spam_costs_at_most_one_check_per_interval() {
+    // Any process may publish REPLICATE, and each one makes a follower
+    // check every writer's next move with a catch-up (the sender may be a
+    // writer that lost what it published). Published before each of 40
+    // rows of master's, they cost at most one check per interval, and
+    // every row still arrives once, in order.
+    on_both_runtimes(|runtime| {
+        Box::pin(async move {
+            let server = RedisServer::start();
+            let config = RedisConfig::tcp("127.0.0.1", server.port());
+            let logs = Logs::default();
+            let (mut writer, mut worker) =
+                master_and_worker(&runtime, &config, &logs, &fast_options());
+            both_ready_and_following(&runtime, &mut writer, &mut worker).await;
+            write_events(&mut writer, 1, 10);
+            caught_up(&runtime, &mut writer, &mut worker, "rows 1-10").await;
+
+            let checked = |worker: &Node| worker.client.follower().counters().unproven_checked;
+            let before = checked(&worker);
+            let started = Instant::now();
+            let mut impostor = RawRedis::connect(server.port(), None);
+            for n in 11..=50 {
+                impostor.queue_publish(PREFIX, b"REPLICATE");
+                impostor.flush();
+                impostor.replies();
+                write_events(&mut writer, n, n);
+                caught_up(&runtime, &mut writer, &mut worker, "the next row").await;
+            }
+            // The checks deferred to the next interval are made when it
+            // begins: master's next move after that is fetched.
+            runtime
+                .sleep_until(runtime.now() + 2 * RedisSession::REPLICATE_CHECK_INTERVAL)
+                .await;
+            for n in [51, 52] {
+                write_events(&mut writer, n, n);
+                caught_up(&runtime, &mut writer, &mut worker, "the last rows").await;
+            }
+            let elapsed = started.elapsed();
+            let checks = checked(&worker) - before;
+            let intervals =
+                elapsed.as_secs_f64() / RedisSession::REPLICATE_CHECK_INTERVAL.as_secs_f64();
+            assert!(
+                checks >= 1 && checks as f64 <= 2.0 + intervals,
+                "{checks} checks for 40 REPLICATEs in {elapsed:?}"
+            );
+            assert!(worker.surprises.is_empty(), "{:?}", worker.surprises);
+        })
+    });
+}
+
+#[test]
 fn made_up_names_make_a_real_writer_lose_no_row() {
     // Writers the configuration does not name (a generic worker writing
     // `caches`) share a bounded number of tracked pairs with any name a

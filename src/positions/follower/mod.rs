@@ -88,7 +88,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// a catch-up keep their place relative to the `REPLICATE`. The cost is at
 /// most one catch-up per writer that moves forward right after a
 /// `REPLICATE`; what a writer publishes after its `REPLICATE` reaches every
-/// connected subscriber, so one check per writer is enough.
+/// connected subscriber, so one check per writer is enough. Any process
+/// may publish `REPLICATE`, in a loop too: with
+/// [`Follower::handle_replicate_in`] (what the Redis session calls) a
+/// writer is checked by a catch-up at most once an interval, those that
+/// come after its check waiting for the next.
 ///
 /// # Forged lines
 ///
@@ -247,6 +251,7 @@ impl Follower {
                 counters: FollowerCounters::default(),
                 connected: false,
                 epoch: 0,
+                interval: 0,
                 next_id: 0,
                 pairs: 0,
                 open_pairs: 0,
@@ -292,6 +297,9 @@ impl Follower {
                     }
                 }
                 w.unproven &= w.position.is_some();
+                // The next connection's own REPLICATE and announcements
+                // check every writer anew.
+                w.deferred = false;
                 w.clear_batch(ctx);
                 w.batch_cut = false;
                 w.connected = false;
@@ -334,6 +342,74 @@ impl Follower {
         for stream in self.streams.all_mut() {
             for wi in 0..stream.writers.len() {
                 stream.handle(wi, Queued::Replicate, &mut self.ctx);
+            }
+        }
+    }
+
+    /// [`Follower::handle_replicate`], with at most one check by a
+    /// catch-up per writer in each interval of time: any process may
+    /// publish `REPLICATE`, and one that does so in a loop would make
+    /// every move of every writer a catch-up. `interval` numbers the
+    /// interval `now` falls in (the caller chooses its length; the Redis
+    /// session's is [`RedisSession::REPLICATE_CHECK_INTERVAL`](crate::session::RedisSession::REPLICATE_CHECK_INTERVAL)),
+    /// never decreasing. A writer already checked by a catch-up in this
+    /// interval is checked again only once the next begins: call
+    /// [`Follower::begin_interval`] then, while
+    /// [`Follower::has_deferred_checks`] says some wait. Its answer to this
+    /// `REPLICATE` may then already have come, so its next move is fetched:
+    /// one catch-up per writer per interval.
+    pub fn handle_replicate_in(&mut self, interval: u64) {
+        self.ctx.interval = self.ctx.interval.max(interval);
+        if !self.ctx.connected {
+            self.ctx.counters.while_disconnected += 1;
+            return;
+        }
+        self.ctx.counters.replicates += 1;
+        let now = self.ctx.interval;
+        for stream in self.streams.all_mut() {
+            for wi in 0..stream.writers.len() {
+                let checked = stream
+                    .writers
+                    .get_mut(wi)
+                    .filter(|w| w.checked_in == now)
+                    .map(|w| w.deferred = true)
+                    .is_some();
+                if !checked {
+                    stream.handle(wi, Queued::Replicate, &mut self.ctx);
+                }
+            }
+        }
+    }
+
+    /// Whether a writer's check waits for the next interval (see
+    /// [`Follower::handle_replicate_in`]).
+    pub fn has_deferred_checks(&self) -> bool {
+        self.streams
+            .all()
+            .any(|stream| stream.writers.iter().any(|w| w.deferred))
+    }
+
+    /// Interval `interval` has begun: the checks deferred to it are made
+    /// (each writer's next move is checked, as after a `REPLICATE`).
+    pub fn begin_interval(&mut self, interval: u64) {
+        if interval <= self.ctx.interval {
+            return;
+        }
+        self.ctx.interval = interval;
+        if !self.ctx.connected {
+            return;
+        }
+        for stream in self.streams.all_mut() {
+            for wi in 0..stream.writers.len() {
+                let deferred = stream
+                    .writers
+                    .get_mut(wi)
+                    .filter(|w| w.deferred)
+                    .map(|w| w.deferred = false)
+                    .is_some();
+                if deferred {
+                    stream.handle(wi, Queued::Replicate, &mut self.ctx);
+                }
             }
         }
     }
@@ -1020,6 +1096,55 @@ mod tests {
 
     fn events(follower: &mut Follower) -> Vec<FollowerEvent> {
         std::iter::from_fn(|| follower.poll_event()).collect()
+    }
+
+    #[test]
+    fn replicate_checks_a_writer_by_a_catch_up_at_most_once_an_interval() {
+        // A REPLICATE before each of w1's rows: the first makes its next
+        // row fetched; the others, within the same interval, only once
+        // the next interval begins.
+        let mut follower = Follower::new(InstanceName::from("me"), Arc::new(Anyone));
+        follower.connected();
+        follower.handle_position(position_on("events", "w1", 0));
+        let mut catch_ups = 0;
+        let mut rows = 0;
+        let mut step = |follower: &mut Follower, interval: u64, token: i64| {
+            follower.handle_replicate_in(interval);
+            follower.handle_rdata(rdata_on("events", "w1", token));
+            for event in events(follower) {
+                match event {
+                    FollowerEvent::CatchUp(request) => {
+                        catch_ups += 1;
+                        let page = CatchUpPage {
+                            updates: vec![(Token(token), RawRow::new(&b"[1]"[..]).expect("JSON"))],
+                            upto: Token(token),
+                            limited: false,
+                        };
+                        follower.handle_catch_up(request.id, page).expect("a page");
+                        rows += events(follower)
+                            .iter()
+                            .filter(|e| matches!(e, FollowerEvent::Rows { .. }))
+                            .count();
+                    }
+                    FollowerEvent::Rows { .. } => rows += 1,
+                    _ => {}
+                }
+            }
+        };
+        for token in 1..=10 {
+            step(&mut follower, 0, token);
+        }
+        assert_eq!((catch_ups, rows), (1, 10));
+        assert!(follower.has_deferred_checks());
+        follower.begin_interval(1);
+        assert!(!follower.has_deferred_checks());
+        follower.handle_rdata(rdata_on("events", "w1", 11));
+        assert!(
+            events(&mut follower)
+                .iter()
+                .any(|e| matches!(e, FollowerEvent::CatchUp(_))),
+            "checked once the next interval began"
+        );
     }
 
     #[test]

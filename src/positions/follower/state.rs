@@ -19,6 +19,9 @@ pub(super) struct Ctx {
     pub(super) connected: bool,
     /// Incremented on every new connection.
     pub(super) epoch: u64,
+    /// The interval of time `REPLICATE`s are counted in (see
+    /// [`Follower::handle_replicate_in`](super::Follower::handle_replicate_in)).
+    pub(super) interval: u64,
     pub(super) next_id: u64,
     /// Pairs tracked, and those of writers the configuration does not
     /// name (which the limit counts).
@@ -35,6 +38,9 @@ impl Ctx {
         CatchUpId(self.next_id)
     }
 }
+
+/// [`WriterState::checked_in`] of a writer never checked.
+pub(super) const NEVER: u64 = u64::MAX;
 
 /// How many streams this crate knows.
 pub(super) const KNOWN_STREAMS: usize = StreamName::KNOWN.len();
@@ -316,6 +322,13 @@ pub(super) struct WriterState {
     /// writer's own, sent on reconnecting after rows it wrote were lost, so
     /// its next command is checked by a catch-up rather than trusted.
     pub(super) unproven: bool,
+    /// The interval ([`Ctx::interval`]) of its last check by a catch-up
+    /// after a `REPLICATE` ([`NEVER`] if none): at most one a writer per
+    /// interval.
+    pub(super) checked_in: u64,
+    /// A `REPLICATE` came after its check of this interval: it is made
+    /// unproven when the next interval begins.
+    pub(super) deferred: bool,
     pub(super) batch: Vec<RawRow>,
     batch_bytes: usize,
     /// The writer's outstanding catch-up and the commands held behind it.
@@ -342,6 +355,8 @@ impl WriterState {
             connected: false,
             batch_cut: false,
             unproven: false,
+            checked_in: NEVER,
+            deferred: false,
             batch: Vec::new(),
             batch_bytes: 0,
             pending: None,
@@ -929,6 +944,7 @@ impl StreamState {
             w.batch_cut = false;
             w.clear_batch(ctx);
             ctx.counters.unproven_checked += 1;
+            w.checked_in = ctx.interval;
             self.start_catch_up(wi, from, token, ctx);
             return;
         }
@@ -1137,6 +1153,7 @@ impl StreamState {
         let trusted = !forced && !w.unproven;
         if w.unproven && current < new {
             ctx.counters.unproven_checked += 1;
+            w.checked_in = ctx.interval;
         }
         // Rows lost in transit with this follower's connection may lie in
         // the ranges a live row jumped over, still open: the writer's
@@ -1481,6 +1498,7 @@ mod tests {
             counters: FollowerCounters::default(),
             connected: true,
             epoch: 1,
+            interval: 0,
             next_id: 0,
             pairs: 1,
             open_pairs: 0,
@@ -1706,7 +1724,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 152,
+            mem::size_of::<WriterState>() <= 160,
             "{}",
             mem::size_of::<WriterState>()
         );

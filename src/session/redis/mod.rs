@@ -153,6 +153,9 @@ pub struct RedisSession {
     impostor_warning: RateLimited,
     /// The warning about commands from an instance that is not a writer.
     not_a_writer_warning: RateLimited,
+    /// Where the intervals of [`RedisSession::REPLICATE_CHECK_INTERVAL`]
+    /// are counted from: the first instant the session was given.
+    start: Option<Instant>,
 }
 
 impl fmt::Debug for RedisSession {
@@ -198,6 +201,7 @@ impl RedisSession {
             echoes: EchoTally::default(),
             malformed_warning: RateLimited::default(),
             impostor_warning: RateLimited::default(),
+            start: None,
             not_a_writer_warning: RateLimited::default(),
         }
     }
@@ -207,12 +211,28 @@ impl RedisSession {
     /// through `tracing` (10 s).
     pub const WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
+    /// The interval in which a `REPLICATE` makes the follower check a
+    /// writer's next move by a catch-up at most once
+    /// ([`Follower::handle_replicate_in`]): any process may publish
+    /// `REPLICATE`, in a loop too.
+    pub const REPLICATE_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+    /// The number of the [`RedisSession::REPLICATE_CHECK_INTERVAL`] that
+    /// `now` falls in.
+    fn check_interval(&self, now: Instant) -> u64 {
+        let since = self
+            .start
+            .map_or(Duration::ZERO, |start| now.saturating_duration_since(start));
+        (since.as_millis() / RedisSession::REPLICATE_CHECK_INTERVAL.as_millis()) as u64
+    }
+
     fn tick(&mut self, now: Instant) -> Instant {
         let now = match self.now {
             Some(last) if last > now => last,
             _ => now,
         };
         self.now = Some(now);
+        self.start.get_or_insert(now);
         now
     }
 
@@ -661,8 +681,10 @@ impl RedisSession {
             }
             Command::Replicate => {
                 // The sender may be a writer back from losing its own
-                // connection: the follower checks every writer's next move.
-                self.follower.handle_replicate();
+                // connection: the follower checks every writer's next
+                // move, by a catch-up at most once an interval.
+                let interval = self.check_interval(now);
+                self.follower.handle_replicate_in(interval);
                 self.writer.handle_replicate(now);
             }
             command => self.push_event(RedisEvent::Command(command)),
@@ -920,6 +942,10 @@ impl RedisSession {
                 conn.last_ping = now;
             }
         }
+        if self.follower.has_deferred_checks() {
+            let interval = self.check_interval(now);
+            self.follower.begin_interval(interval);
+        }
         self.writer.handle_timeout(now);
         self.drain_writer();
     }
@@ -1083,7 +1109,19 @@ impl RedisSession {
             .iter()
             .flatten()
             .filter_map(|link| link.deadline(&self.options));
-        let deadline = links.chain(self.writer.poll_timeout()).min()?;
+        let checks = self
+            .follower
+            .has_deferred_checks()
+            .then(|| {
+                let next = u32::try_from(self.check_interval(self.now?) + 1).ok()?;
+                self.start?
+                    .checked_add(RedisSession::REPLICATE_CHECK_INTERVAL.checked_mul(next)?)
+            })
+            .flatten();
+        let deadline = links
+            .chain(self.writer.poll_timeout())
+            .chain(checks)
+            .min()?;
         Some(match self.now {
             Some(now) => deadline.max(now),
             None => deadline,
