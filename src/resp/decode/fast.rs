@@ -99,10 +99,11 @@ impl RespDecoder {
         channels: &Channels,
     ) -> Option<(usize, Bytes, usize)> {
         let (index, payload, end) = self.message_on(buf.get(at..)?, channels)?;
-        // Within `buf[at..]`: no overflow, and within `buf`.
-        let end = at + end;
+        let start = at.checked_add(payload.start)?;
+        let stop = at.checked_add(payload.end)?;
+        let end = at.checked_add(end)?;
         self.reset();
-        Some((index, buf.slice(at + payload.start..at + payload.end), end))
+        Some((index, buf.slice(start..stop), end))
     }
 
     /// The checks of the message fast paths: a complete `message` at the
@@ -130,12 +131,10 @@ impl RespDecoder {
             return None;
         }
         let (payload, end) = fast_bulk(buf, at, limits.max_bulk_len)?;
-        // `fast_bulk` gives a payload that starts before it ends, and ends
-        // before `end`.
-        if end > limits.max_frame_len {
-            return None;
-        }
-        Some((index, payload, end))
+        // Checked here, not taken on `fast_bulk`'s word: the callers slice
+        // the buffer with these offsets, and peer bytes must never panic.
+        let within = payload.start <= payload.end && payload.end <= end && end <= buf.len();
+        (within && end <= limits.max_frame_len).then_some((index, payload, end))
     }
 
     /// A complete, well-formed `message` or `pmessage` within the limits

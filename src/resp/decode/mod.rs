@@ -781,6 +781,52 @@ mod tests {
         }
     }
 
+    /// The offset fast path (what the Redis session reads a chunk with)
+    /// slices the buffer with offsets it computes from peer bytes: at any
+    /// offset, in or beyond the buffer, with lengths that lie (too long,
+    /// too short, 19 digits, past the end) and cut anywhere, it never
+    /// panics, and what it takes is what the general path decodes there.
+    #[test]
+    fn the_offset_fast_path_never_slices_outside_the_buffer() {
+        let channels = Channels::new([Bytes::from_static(b"ch")]);
+        let messages: [&[u8]; 7] = [
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$5\r\nhello\r\n",
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$9\r\nhello\r\n",
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nhello\r\n",
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$9999999999999999999\r\nhi\r\n",
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$18446744073709551615\r\nhi\r\n",
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$-1\r\n",
+            b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$0\r\n\r\n",
+        ];
+        for message in messages {
+            for cut in 0..=message.len() {
+                let mut input = b":1\r\n".to_vec();
+                input.extend_from_slice(&message[..cut]);
+                let buf = Bytes::from(input);
+                for at in 0..buf.len() + 3 {
+                    let mut decoder = RespDecoder::new();
+                    let Some((index, payload, end)) =
+                        decoder.decode_message_at(&buf, at, &channels)
+                    else {
+                        continue;
+                    };
+                    assert_eq!(index, 0);
+                    assert!(end <= buf.len(), "{buf:?} at {at}: end {end}");
+                    let general = RespDecoder::new()
+                        .decode(&mut BytesMut::from(&buf[at..end]))
+                        .unwrap_or_else(|e| panic!("{buf:?} at {at}: {e}"))
+                        .unwrap_or_else(|| panic!("{buf:?} at {at}: incomplete"));
+                    let parts = vec![bulk("message"), bulk("ch"), Frame::bulk(payload)];
+                    let expected = match buf[at] {
+                        b'>' => Frame::Push(parts),
+                        _ => Frame::Array(parts),
+                    };
+                    assert_eq!(general, expected, "{buf:?} at {at}");
+                }
+            }
+        }
+    }
+
     /// The fast paths give what the general path gives, for every prefix
     /// of the input (so, for input cut anywhere).
     #[test]
