@@ -1,0 +1,95 @@
+//! Feeds the Redis session what a subscriber's socket carries during a
+//! burst (the mix of `benches/tools/mix.rs`, in 64 KiB reads) and drains
+//! its events: the receive path from bytes to the application, with no
+//! socket, runtime or clock. `benches/instructions.sh` counts the
+//! instructions of [`receive`] alone under callgrind.
+//!
+//! `MESSAGES` (20,000) sets how many messages of the mix.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use synapse_replication::positions::{Follower, Writer};
+use synapse_replication::resp::Frame;
+use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
+use synapse_replication::wire::InstanceName;
+
+#[path = "../../tools/mix.rs"]
+mod mix;
+
+const CHANNEL: &str = "e2e.example.com";
+/// Bytes per read, as `RedisClient` reads.
+const READ: usize = 64 << 10;
+
+fn main() {
+    let messages: usize = std::env::var("MESSAGES")
+        .ok()
+        .and_then(|messages| messages.parse().ok())
+        .unwrap_or(20_000);
+    let lines = mix::lines(&mix::items(messages, 42));
+    let wire = mix::messages(&lines, CHANNEL);
+    let now = Instant::now();
+    let mut session = ready_session(now);
+    let events = receive(&mut session, &wire, now);
+    let counters = session.counters();
+    assert_eq!(
+        counters.received.total() + counters.malformed,
+        lines.len() as u64,
+        "every message decoded"
+    );
+    println!("messages {} events {events}", lines.len());
+}
+
+/// The measured part: `handle_input` per read, every event drained.
+#[inline(never)]
+fn receive(session: &mut RedisSession, wire: &[u8], now: Instant) -> u64 {
+    let mut events = 0;
+    for read in wire.chunks(READ) {
+        session.handle_input(RedisLink::Subscriber, read, now);
+        while let Some(event) = session.poll_event() {
+            if let RedisEvent::Closing { error, .. } = &event {
+                panic!("the session gave up: {error}");
+            }
+            events += 1;
+            black_box(event);
+        }
+    }
+    events
+}
+
+/// A session subscribed to the channel and its `USER_IP` channel, both
+/// links up, as a client has it once ready.
+fn ready_session(now: Instant) -> RedisSession {
+    let mut options = RedisSessionConfig::new(CHANNEL);
+    options.extra_channels = vec!["USER_IP".to_owned()];
+    options.client_name = None;
+    let me = InstanceName::from("drain");
+    let mut session = RedisSession::new(
+        options,
+        Follower::new(me.clone(), mix::registry()),
+        Writer::new(me, mix::registry()),
+    );
+    session.connect(RedisLink::Subscriber, now);
+    session.connect(RedisLink::Publisher, now);
+    let mut confirmations = BytesMut::new();
+    for (index, channel) in [CHANNEL.to_owned(), format!("{CHANNEL}/USER_IP")]
+        .into_iter()
+        .enumerate()
+    {
+        Frame::Array(vec![
+            Frame::bulk("subscribe"),
+            Frame::bulk(channel),
+            Frame::Integer(index as i64 + 1),
+        ])
+        .encode(&mut confirmations)
+        .expect("confirmations encode");
+    }
+    session.handle_input(RedisLink::Subscriber, &confirmations, now);
+    assert!(session.is_ready());
+    for link in RedisLink::BOTH {
+        while session.poll_transmit(link).is_some() {}
+    }
+    while session.poll_event().is_some() {}
+    session
+}
