@@ -80,7 +80,7 @@
 //! | read a row | [`streams::Row::decode`] | rows stay raw ([`wire::RawRow`]) until asked |
 //! | write a stream | [`transport::RedisClient::write`] (or a [`transport::CommandSender`] from other tasks) | [`transport::RedisClient::advance`] once first |
 //! | serve catch-up to Synapse's processes | [`transport::RedisClient::with_history`] and `HttpServer` (feature `http-server`) | one [`positions::History`] for both |
-//! | answer Synapse's replication calls (`fed_send_edu`, ...) | `HttpServer::with_endpoint` (feature `http-server`) | an endpoint is a [`positions::ReplicationEndpoint`]; the checks, the txn-id cache and the waits are the server's |
+//! | answer Synapse's replication calls (`fed_send_edu`, ...) | `HttpServer::with_endpoint` (feature `http-server`) | an endpoint is an [`http::ReplicationEndpoint`]; the checks, the txn-id cache and the waits are the server's |
 //! | call another process's endpoint | `ReplicationClient` (feature `http-catch-up`) | it waits for the callee's positions before it returns |
 //! | fetch what was missed | `HttpCatchUp` (feature `http-catch-up`; `follow` takes it by itself) | or any [`transport::CatchUpSource`] |
 //! | read Synapse's configuration | [`config::SynapseConfig`] | `redis:`, Sentinel, `stream_writers`, `instance_map`, the secret, `database:` ([`config::DatabaseConfig`]) |
@@ -94,6 +94,9 @@
 //! - [`streams`]: the typed row of each stream, decoded on demand;
 //! - [`positions`] and [`writers`]: the [`positions::Follower`] and
 //!   [`positions::Writer`] state machines, and who may write which stream;
+//! - [`http`]: Synapse's replication HTTP API, sans-IO: the catch-up
+//!   endpoint and the calls between processes, their paths, bodies and
+//!   checks, and the answers kept per txn id;
 //! - [`resp`]: the Redis wire codec;
 //! - [`session`]: sans-IO connection state machines, over Redis
 //!   ([`session::RedisSession`]) and direct TCP (client and server);
@@ -124,6 +127,7 @@
 )]
 
 pub mod config;
+pub mod http;
 pub mod positions;
 pub mod resp;
 pub mod session;

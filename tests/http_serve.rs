@@ -26,8 +26,9 @@ use synapse_replication::positions::BoxError;
 use futures::future::{self, Either};
 use futures::{AsyncReadExt, AsyncWriteExt};
 use synapse_replication::config::{InstanceLocation, SynapseConfig};
+use synapse_replication::http::CatchUpEndpoint;
 use synapse_replication::positions::{
-    CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
+    CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpResponse, HttpServer, HttpServerConfig,

@@ -25,8 +25,9 @@ use synapse_replication::positions::BoxError;
 
 use common::redis_server::{TempDir, TestCerts};
 use synapse_replication::config::{InstanceLocation, TlsConfig};
+use synapse_replication::http::CatchUpEndpoint;
 use synapse_replication::positions::{
-    CatchUpEndpoint, CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
+    CatchUpId, CatchUpPage, CatchUpRequest, History, HistoryMode,
 };
 use synapse_replication::transport::{
     CatchUpSource, HttpCatchUp, HttpCatchUpError, HttpServer, HttpServerConfig, HttpServerTls,

@@ -17,9 +17,10 @@ use futures::FutureExt;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use serde_json::{Map, Value, json};
 use synapse_replication::config::SynapseConfig;
-use synapse_replication::positions::{
-    CatchUpEndpoint, History, ReplicationEndpoint, ReplicationError, ReplicationRequest,
+use synapse_replication::http::{
+    CatchUpEndpoint, ReplicationEndpoint, ReplicationError, ReplicationRequest,
 };
+use synapse_replication::positions::History;
 use synapse_replication::transport::{HttpServer, HttpServerConfig, SmolRuntime};
 use synapse_replication::wire::{InstanceName, StreamName, Token};
 

@@ -31,7 +31,7 @@ use common::redis_session::{PREFIX, redis_session, registry};
 use synapse_replication::config::{
     RedisAuth, RedisConfig, StreamWriters, SynapseConfig, SynapseRedisConfig,
 };
-use synapse_replication::positions::CatchUpEndpoint;
+use synapse_replication::http::CatchUpEndpoint;
 use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Credentials;
 use synapse_replication::session::{

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use synapse_replication::positions::ReplicationError;
+use synapse_replication::http::ReplicationError;
 
 /// How long a remote user types after an EDU that says so
 /// (`FEDERATION_TIMEOUT` in handlers/typing.py): remote servers repeat

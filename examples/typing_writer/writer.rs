@@ -28,10 +28,10 @@ use synapse_replication::session::RedisEvent;
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt};
 use serde_json::{Map, Value, json};
 use synapse_replication::config::SynapseConfig;
-use synapse_replication::positions::{
-    CatchUpEndpoint, CatchUpPage, CatchUpRequest, History, HistoryMode, ReplicationEndpoint,
-    ReplicationError, ReplicationRequest,
+use synapse_replication::http::{
+    CatchUpEndpoint, ReplicationEndpoint, ReplicationError, ReplicationRequest,
 };
+use synapse_replication::positions::{CatchUpPage, CatchUpRequest, History, HistoryMode};
 use synapse_replication::transport::{
     CatchUpSource, CommandSender, HttpRequest, HttpResponse, HttpServer, HttpServerCounters,
     RedisClient, SmolRuntime, async_trait,

@@ -12,10 +12,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use synapse_replication::config::StreamWriters;
-use synapse_replication::positions::{
-    MAX_POSITIONS, Method, RemoteError, ReplicationApi, ReplicationEndpoint, STREAM_POSITIONS_KEY,
-    answer_body, call_query, read_answer,
-};
+use synapse_replication::http::{MAX_POSITIONS, Method, RemoteError, ReplicationApi, ReplicationEndpoint, STREAM_POSITIONS_KEY, answer_body, call_query, read_answer};
 use synapse_replication::wire::InstanceName;
 
 const SECRET: &[u8] = b"Bearer s3cret";
@@ -86,7 +83,7 @@ pub fn check(data: &[u8]) {
     }
 }
 
-fn refusal(error: &synapse_replication::positions::ReplicationError) {
+fn refusal(error: &synapse_replication::http::ReplicationError) {
     let status = error.status();
     assert!((400..=405).contains(&status), "{error:?}: {status}");
     let body: Value = serde_json::from_str(&error.body()).expect("a JSON error body");

@@ -64,8 +64,6 @@ mod catch_up;
 mod follower;
 mod history;
 mod ids;
-mod replication;
-mod serve;
 mod waits;
 mod writer;
 
@@ -79,15 +77,6 @@ pub use follower::{
 };
 pub use history::{History, HistoryError, HistoryMode, TARGET_ROW_COUNT};
 pub use ids::{Loading, MAX_INSTANCES, Reservation, StreamIdError, StreamIds};
-pub use replication::{
-    CacheLookup, CachedAnswer, MAX_POSITIONS, Method, RemoteError, ReplicationAnswer,
-    ReplicationApi, ReplicationEndpoint, ReplicationError, ReplicationRequest, ResponseCache,
-    Route, STREAM_POSITIONS_KEY, StreamPositions, WAIT_FOR_POSITIONS, answer_body, call_body,
-    call_query, fingerprint, read_answer,
-};
-pub use serve::{
-    CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
-};
 pub use waits::{PositionWaits, Registered, TooManyWaiters, Wait, WaitId};
 pub use writer::{RateLimit, WriteError, Writer, WriterConfig, WriterCounters};
 

@@ -18,10 +18,11 @@ use serde_json::{Map, Value};
 use super::catch_up::{Https, authority, collect, drive, txn_id};
 use super::hyper_io::HyperIo;
 use crate::config::{InstanceLocation, StreamWriters, SynapseConfig, TlsConfig};
-use crate::positions::{
-    BoxError, Method, RemoteError, ReplicationAnswer, ReplicationEndpoint, StreamPositions,
+use crate::http::{
+    Method, RemoteError, ReplicationAnswer, ReplicationEndpoint, StreamPositions,
     WAIT_FOR_POSITIONS, call_body, call_query, read_answer,
 };
+use crate::positions::BoxError;
 use crate::transport::client::waits::PositionWaiter;
 use crate::transport::runtime::{BoxFuture, Runtime, deadline_after};
 use crate::wire::{InstanceName, StreamName, Token};
@@ -98,7 +99,7 @@ impl Default for CallRetries {
 /// # #[cfg(feature = "runtime-smol")]
 /// # async fn call(synapse: synapse_replication::config::SynapseConfig) -> Result<(), Box<dyn std::error::Error>> {
 /// use serde_json::json;
-/// use synapse_replication::positions::ReplicationEndpoint;
+/// use synapse_replication::http::ReplicationEndpoint;
 /// use synapse_replication::transport::{ReplicationClient, SmolRuntime};
 /// use synapse_replication::wire::InstanceName;
 ///
@@ -275,7 +276,7 @@ impl<R: Runtime> ReplicationClient<R> {
 
     /// Calls `endpoint` on `instance` with these path arguments and
     /// `content` (the body, without `_INT_STREAM_POS`; for a `GET`, the
-    /// query, as [`call_query`](crate::positions::call_query) writes it),
+    /// query, as [`call_query`](crate::http::call_query) writes it),
     /// retrying as [`CallRetries`] says; the answer once this process has
     /// seen the callee's positions (or waited five seconds).
     pub async fn call(

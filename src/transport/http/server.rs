@@ -33,7 +33,7 @@ use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
-use crate::positions::{
+use crate::http::{
     CONTENT_TYPE, CatchUpEndpoint, EndpointError, ReplicationEndpoint, ReplicationError,
     ReplicationRequest, Routed, internal_error_body, page_body,
 };
@@ -416,7 +416,8 @@ impl HttpServerCounters {
 /// # #[cfg(feature = "runtime-smol")]
 /// # fn main() -> std::io::Result<()> {
 /// use std::sync::{Arc, Mutex};
-/// use synapse_replication::positions::{CatchUpEndpoint, History, HistoryMode};
+/// use synapse_replication::positions::{History, HistoryMode};
+/// use synapse_replication::http::CatchUpEndpoint;
 /// use synapse_replication::transport::{HttpServer, SmolRuntime};
 /// use synapse_replication::wire::{InstanceName, StreamName};
 ///
@@ -586,7 +587,7 @@ impl<R: Runtime> HttpServer<R> {
     ///   405, 401), then the body: a JSON object of at most
     ///   [`HttpServerConfig::max_request_bytes`] (400, 413), whose
     ///   `_INT_STREAM_POS` are checked (see
-    ///   [`ReplicationApi`](crate::positions::ReplicationApi)) and taken
+    ///   [`ReplicationApi`](crate::http::ReplicationApi)) and taken
     ///   out of the content the handler gets;
     /// - the server waits until this process's follower has seen the
     ///   caller's positions ([`with_waiter`](Self::with_waiter)),
@@ -620,7 +621,7 @@ impl<R: Runtime> HttpServer<R> {
     /// # #[cfg(feature = "runtime-smol")]
     /// # async fn serve(server: synapse_replication::transport::HttpServer<synapse_replication::transport::SmolRuntime>) {
     /// use futures::FutureExt;
-    /// use synapse_replication::positions::{ReplicationEndpoint, ReplicationError};
+    /// use synapse_replication::http::{ReplicationEndpoint, ReplicationError};
     ///
     /// let server = server.with_endpoint(ReplicationEndpoint::fed_send_edu(), |call| {
     ///     async move {

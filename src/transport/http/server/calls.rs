@@ -10,7 +10,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::future::{self, Either};
 use serde_json::{Map, Value};
 
-use crate::positions::{
+use crate::http::{
     CacheLookup, CachedAnswer, ReplicationApi, ReplicationError, ReplicationRequest, ResponseCache,
     WAIT_FOR_POSITIONS, answer_body, fingerprint,
 };

@@ -90,7 +90,7 @@ pub fn call_body(mut content: Map<String, Value>, positions: Option<&StreamPosit
 /// and `None` as Python spells them, an array as one pair per element.
 ///
 /// ```
-/// use synapse_replication::positions::call_query;
+/// use synapse_replication::http::call_query;
 ///
 /// let content = serde_json::json!({"from_token": 3, "upto_token": 5, "who": "a b"});
 /// assert_eq!(

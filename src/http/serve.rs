@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::wire::{InstanceName, StreamName, Token};
 
-use super::{CatchUpId, CatchUpPage, CatchUpRequest};
+use crate::positions::{CatchUpId, CatchUpPage, CatchUpRequest};
 
 /// The path every request starts with.
 const PREFIX: &str = "/_synapse/replication/get_repl_stream_updates/";
@@ -41,7 +41,8 @@ pub const CONTENT_TYPE: &str = "application/json";
 /// secret is compared in constant time.
 ///
 /// ```
-/// use synapse_replication::positions::{CatchUpEndpoint, CatchUpPage, Routed};
+/// use synapse_replication::positions::CatchUpPage;
+/// use synapse_replication::http::{CatchUpEndpoint, Routed};
 /// use synapse_replication::wire::{InstanceName, RawRow, Token};
 ///
 /// let endpoint = CatchUpEndpoint::new(InstanceName::from("typing1"), Some("s3cret".into()));
@@ -61,7 +62,7 @@ pub const CONTENT_TYPE: &str = "application/json";
 ///     limited: false,
 /// };
 /// assert_eq!(
-///     synapse_replication::positions::page_body(&page),
+///     synapse_replication::http::page_body(&page),
 ///     r#"{"updates":[[4,["!r:x",["@a:x"]]]],"upto_token":5,"limited":false}"#,
 /// );
 ///

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::super::serve::error_body;
+use super::serve::error_body;
 
 /// The longest name or id quoted in an error.
 const QUOTED: usize = 64;
@@ -17,7 +17,7 @@ pub(super) fn cut(text: &str) -> String {
 ///
 /// Synapse's own answers, but for a missing or wrong secret (401 here,
 /// 500 in Synapse: see
-/// [`CatchUpEndpoint`](crate::positions::CatchUpEndpoint)) and for what
+/// [`CatchUpEndpoint`](crate::http::CatchUpEndpoint)) and for what
 /// Synapse does not check (a malformed or unknown `_INT_STREAM_POS`,
 /// which Synapse answers with a 500 or waits five seconds for; a txn id
 /// reused with another request, which Synapse answers with the first

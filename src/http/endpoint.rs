@@ -53,7 +53,7 @@ impl fmt::Display for Method {
 /// pattern has it.
 ///
 /// ```
-/// use synapse_replication::positions::{Method, ReplicationEndpoint};
+/// use synapse_replication::http::{Method, ReplicationEndpoint};
 ///
 /// let endpoint = ReplicationEndpoint::fed_send_edu();
 /// assert_eq!(endpoint.method(), Method::Post);

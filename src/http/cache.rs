@@ -89,7 +89,7 @@ type Key = (String, String);
 ///
 /// ```
 /// use std::time::Instant;
-/// use synapse_replication::positions::{CacheLookup, CachedAnswer, ResponseCache, fingerprint};
+/// use synapse_replication::http::{CacheLookup, CachedAnswer, ResponseCache, fingerprint};
 ///
 /// let mut cache: ResponseCache<()> = ResponseCache::new();
 /// let now = Instant::now();

@@ -1,4 +1,5 @@
-//! Synapse's replication HTTP API (`synapse/replication/http/`), sans-IO:
+//! Layer 3, beside the positions: Synapse's replication HTTP API
+//! (`synapse/replication/http/`), sans-IO:
 //! the calls Synapse's processes make on each other besides the streams
 //! (`fed_send_edu`, `presence_set_state`, `send_events`, ... some thirty
 //! endpoints), both sides.
@@ -27,14 +28,17 @@
 //!   included;
 //! - [`StreamPositions`] and the bodies both ways ([`answer_body`],
 //!   [`call_body`], [`read_answer`]), Synapse's error bodies
-//!   ([`ReplicationError`], [`RemoteError`]).
+//!   ([`ReplicationError`], [`RemoteError`]);
+//! - [`CatchUpEndpoint`]: the stream catch-up endpoint
+//!   (`get_repl_stream_updates`), answered from the application's pages
+//!   ([`page_body`]).
 //!
 //! Waiting for positions is the follower's
 //! (`PositionWaits` on the sans-IO side, `wait_for_position` on the
 //! clients); `HttpServer` (feature `http-server`) puts the pieces together.
 //!
 //! ```
-//! use synapse_replication::positions::{ReplicationApi, ReplicationEndpoint};
+//! use synapse_replication::http::{ReplicationApi, ReplicationEndpoint};
 //! use synapse_replication::wire::{InstanceName, StreamName, Token};
 //!
 //! let api = ReplicationApi::new(InstanceName::from("typing1"), Some("s3cret".into()))
@@ -68,6 +72,7 @@ mod body;
 mod cache;
 mod endpoint;
 mod error;
+mod serve;
 
 pub use api::{ReplicationApi, ReplicationRequest, Route};
 pub use body::{
@@ -77,6 +82,9 @@ pub use body::{
 pub use cache::{CacheLookup, CachedAnswer, ResponseCache, fingerprint};
 pub use endpoint::{Method, ReplicationEndpoint};
 pub use error::{RemoteError, ReplicationError};
+pub use serve::{
+    CONTENT_TYPE, CatchUpEndpoint, EndpointError, Routed, internal_error_body, page_body,
+};
 
 /// The key of the positions in a call's body and in its answer.
 pub const STREAM_POSITIONS_KEY: &str = "_INT_STREAM_POS";

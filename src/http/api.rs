@@ -9,12 +9,12 @@ use serde_json::{Map, Value};
 use crate::wire::InstanceName;
 use crate::writers::WriterRegistry;
 
-use super::super::serve::{check_secret, unquote};
 use super::STREAM_POSITIONS_KEY;
 use super::body::StreamPositions;
 use super::endpoint::{Method, PREFIX, ReplicationEndpoint};
 use super::error::{ReplicationError, cut};
-use crate::positions::EndpointError;
+use super::serve::EndpointError;
+use super::serve::{check_secret, unquote};
 
 /// The endpoints one process serves, its secret and what it knows of the
 /// deployment's writers: reads calls as Synapse's `ReplicationEndpoint`
@@ -24,7 +24,7 @@ use crate::positions::EndpointError;
 /// 1. [`route`](ReplicationApi::route), from the method, the path and the
 ///    `Authorization` headers: 404 for a path no endpoint has, 405 for
 ///    another method, 401 without the secret (Synapse: 500; see
-///    [`CatchUpEndpoint`](crate::positions::CatchUpEndpoint)), compared in
+///    [`CatchUpEndpoint`](crate::http::CatchUpEndpoint)), compared in
 ///    constant time.
 /// 2. [`read`](ReplicationApi::read), from the body: a JSON object (400
 ///    otherwise; a `GET`'s body is not read, as Synapse's), and its
