@@ -85,11 +85,16 @@
 //! # fn main() {}
 //! ```
 
+mod caches;
 #[cfg(feature = "postgres")]
 mod client;
 mod store;
 mod streams;
 
+pub use caches::{
+    CacheInvalidations, CacheInvalidationsError, CachesCatchUp, CachesCatchUpError, CachesStore,
+    MAX_INVALIDATION_ROWS, PendingInvalidations, UPDATED_CACHES_SQL, insert_invalidations_sql,
+};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use client::{PostgresConnect, PostgresConnection, PostgresError};
