@@ -688,3 +688,59 @@ async fn writers_at_once_never_share_an_id_with_each_other_or_synapse() {
         assert_eq!(rdata, per_writer, "{own}");
     }
 }
+
+/// Synapse's processes fetch `caches` over HTTP: `HttpServer` serving
+/// `CachesCatchUp` answers the body Synapse's writer answers.
+#[cfg(feature = "http-server")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_server_answers_caches_catch_up_as_synapse_does() {
+    use synapse_replication::positions::CatchUpEndpoint;
+    use synapse_replication::transport::HttpServer;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let db = TestDb::create().await;
+    let caches = CacheInvalidations::load(db.client().await, name("rust1"))
+        .await
+        .expect("load");
+    for (invalidation, _) in cases() {
+        caches
+            .invalidate(&invalidation, at_ts(), |_, _| ())
+            .await
+            .expect("invalidate");
+    }
+    let endpoint = CatchUpEndpoint::new(name("rust1"), Some("s3cret".into()))
+        .with_streams([StreamName::Caches]);
+    let runtime = TokioRuntime::current().expect("on tokio");
+    let source = Arc::new(CachesCatchUp::new(db.client().await));
+    let server = HttpServer::bind(runtime, "127.0.0.1:0", endpoint, source)
+        .await
+        .expect("bind");
+    let addr = server.local_addr().expect("address");
+    let serving = tokio::spawn(server.run());
+
+    // As Synapse's client asks: a range narrower than the rows there are.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(
+            b"GET /_synapse/replication/get_repl_stream_updates/caches/AbCdEf?from_token=3&upto_token=4 \
+              HTTP/1.1\r\nHost: rust1:80\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .expect("request");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("answer");
+    let answer = String::from_utf8(answer).expect("utf-8");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body = answer.split_once("\r\n\r\n").expect("a body").1;
+
+    let synapse = synapse_runs(
+        &db.name,
+        &json!([{"op": "page", "instance": "rust1", "from": 3, "to": 4, "limit": 100}]),
+    );
+    assert_eq!(body, synapse[0]["body"].as_str().expect("a body"));
+    assert!(
+        body.contains(r#""upto_token":4"#) && body.contains("[10,"),
+        "{body}"
+    );
+    serving.abort();
+}
