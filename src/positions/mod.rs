@@ -16,7 +16,10 @@
 //! resolved by the positions the application has applied; and
 //! [`StreamIds`] keeps the ids of a database-backed stream as Synapse's
 //! `MultiWriterIdGenerator` does (taken from a PostgreSQL sequence,
-//! persisted in any order), and the position its writer may announce.
+//! persisted in any order), and the position its writer may announce;
+//! [`CacheInvalidation`] and [`Outbox`] are what a writer of `caches`
+//! writes and when it may send it, [`caches_page`] the catch-up page
+//! Synapse's writer answers from its table.
 //!
 //! Both follow Synapse 1.163.2 (`replication/tcp/handler.py`,
 //! `replication/tcp/resource.py`), with the deliberate differences listed
@@ -60,6 +63,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod caches;
 mod catch_up;
 mod follower;
 mod history;
@@ -67,6 +71,7 @@ mod ids;
 mod waits;
 mod writer;
 
+pub use caches::{CacheInvalidation, CacheInvalidationError, InvalidationRow, Outbox, caches_page};
 pub use catch_up::{
     BoxError, CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest,
     STUCK_AFTER_FAILURES, StuckCatchUp,

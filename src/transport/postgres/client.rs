@@ -10,11 +10,14 @@ use async_trait::async_trait;
 use futures::future::{Either, select};
 use tokio_postgres::GenericClient;
 use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::types::ToSql;
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt};
 
+use super::caches::{CachesStore, UPDATED_CACHES_SQL, insert_invalidations_sql};
 use super::store::StreamIdStore;
 use super::streams::DatabaseStream;
 use crate::config::{ConfigError, DatabaseConfig};
+use crate::positions::InvalidationRow;
 use crate::transport::runtime::{BoxConnection, Runtime, deadline_after};
 use crate::wire::{InstanceName, Token};
 
@@ -578,6 +581,74 @@ macro_rules! impl_store {
 }
 
 impl_store!(tokio_postgres::Client, tokio_postgres::Transaction<'_>);
+
+async fn insert_invalidations<C: GenericClient + Sync>(
+    client: &C,
+    instance: &InstanceName,
+    rows: &[InvalidationRow],
+) -> Result<(), tokio_postgres::Error> {
+    let instance = instance.as_str();
+    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(1 + 4 * rows.len());
+    params.push(&instance);
+    for row in rows {
+        params.push(&row.stream_id.0);
+        params.push(&row.cache_func);
+        params.push(&row.keys);
+        params.push(&row.invalidation_ts);
+    }
+    client
+        .execute(&insert_invalidations_sql(rows.len()), &params)
+        .await?;
+    Ok(())
+}
+
+async fn updated_caches<C: GenericClient + Sync>(
+    client: &C,
+    instance: &InstanceName,
+    from: Token,
+    limit: usize,
+) -> Result<Vec<InvalidationRow>, tokio_postgres::Error> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(UPDATED_CACHES_SQL, &[&from.0, &instance.as_str(), &limit])
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(InvalidationRow {
+                stream_id: Token(row.try_get(0)?),
+                cache_func: row.try_get(1)?,
+                keys: row.try_get(2)?,
+                invalidation_ts: row.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
+macro_rules! impl_caches_store {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl CachesStore for $ty {
+            async fn insert_invalidations(
+                &self,
+                instance: &InstanceName,
+                rows: &[InvalidationRow],
+            ) -> Result<(), Self::Error> {
+                insert_invalidations(self, instance, rows).await
+            }
+
+            async fn updated_caches(
+                &self,
+                instance: &InstanceName,
+                from: Token,
+                limit: usize,
+            ) -> Result<Vec<InvalidationRow>, Self::Error> {
+                updated_caches(self, instance, from, limit).await
+            }
+        }
+    )*};
+}
+
+impl_caches_store!(tokio_postgres::Client, tokio_postgres::Transaction<'_>);
 
 #[cfg(test)]
 mod tests {

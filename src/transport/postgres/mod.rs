@@ -18,6 +18,10 @@
 //!   `tokio_postgres::Client` (feature `postgres`).
 //! - [`DatabaseIds`]: a [`StreamIds`](crate::positions::StreamIds) kept in
 //!   step with a store: load at startup, take ids, persist.
+//! - [`CacheInvalidations`]: cache invalidations written as Synapse's
+//!   processes write them (`caches`), and [`CachesCatchUp`], their
+//!   catch-up served from the table as Synapse's writer serves it, both
+//!   on a [`CachesStore`].
 //! - `PostgresConnect` (feature `postgres`): a tokio-postgres client for
 //!   Synapse's `database` section, over a socket any
 //!   [`Runtime`](crate::transport::Runtime) opens (smol or tokio).
@@ -85,11 +89,16 @@
 //! # fn main() {}
 //! ```
 
+mod caches;
 #[cfg(feature = "postgres")]
 mod client;
 mod store;
 mod streams;
 
+pub use caches::{
+    CacheInvalidations, CacheInvalidationsError, CachesCatchUp, CachesCatchUpError, CachesStore,
+    MAX_INVALIDATION_ROWS, PendingInvalidations, UPDATED_CACHES_SQL, insert_invalidations_sql,
+};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use client::{PostgresConnect, PostgresConnection, PostgresError};
