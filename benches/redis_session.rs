@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use divan::counter::{BytesCount, ItemsCount};
 use divan::{Bencher, black_box};
-use synapse_replication::positions::{Follower, Writer};
-use synapse_replication::resp::{self, Frame, Incoming};
-use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
+use synapse_replication::positions::Follower;
+use synapse_replication::resp::{self, Incoming};
+use synapse_replication::session::{RedisEvent, RedisLink, RedisSession};
 use synapse_replication::wire::{self, Command, InstanceName};
 
 /// The traffic `benches/e2e.sh` publishes (`tools/flood.rs`).
@@ -93,42 +93,6 @@ fn input() -> &'static Input {
             messages: lines.len(),
         }
     })
-}
-
-/// A session as `drain` has it once ready: subscribed to the channel and
-/// its `USER_IP` channel, both links up.
-fn ready_session(now: Instant) -> RedisSession {
-    let mut options = RedisSessionConfig::new(CHANNEL);
-    options.extra_channels = vec!["USER_IP".to_owned()];
-    options.client_name = None;
-    let me = InstanceName::from("drain");
-    let mut session = RedisSession::new(
-        options,
-        Follower::new(me.clone(), mix::registry()),
-        Writer::new(me, mix::registry()),
-    );
-    session.connect(RedisLink::Subscriber, now);
-    session.connect(RedisLink::Publisher, now);
-    let mut confirmations = BytesMut::new();
-    for (index, channel) in [CHANNEL.to_owned(), format!("{CHANNEL}/USER_IP")]
-        .into_iter()
-        .enumerate()
-    {
-        Frame::Array(vec![
-            Frame::bulk("subscribe"),
-            Frame::bulk(channel),
-            Frame::Integer(index as i64 + 1),
-        ])
-        .encode(&mut confirmations)
-        .expect("confirmations encode");
-    }
-    session.handle_input(RedisLink::Subscriber, &confirmations, now);
-    assert!(session.is_ready());
-    for link in RedisLink::BOTH {
-        while session.poll_transmit(link).is_some() {}
-    }
-    while session.poll_event().is_some() {}
-    session
 }
 
 /// The whole path: `handle_input` per read, events drained.
@@ -239,7 +203,7 @@ fn report() {
         }),
         ("session", &|| {
             let now = Instant::now();
-            let mut session = ready_session(now);
+            let mut session = mix::ready_session(CHANNEL, now);
             black_box(run_session(&mut session, &input.wire, now));
         }),
     ];
@@ -309,7 +273,7 @@ fn session(bencher: Bencher) {
     bencher
         .counter(ItemsCount::new(input.messages))
         .counter(BytesCount::new(input.wire.len()))
-        .with_inputs(|| ready_session(now))
+        .with_inputs(|| mix::ready_session(CHANNEL, now))
         .bench_local_values(|mut session| {
             black_box(run_session(&mut session, &input.wire, now));
             session

@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use synapse_replication::config::StreamWriters;
-use synapse_replication::positions::Writer;
+use synapse_replication::positions::{Follower, Writer};
 use synapse_replication::resp::Frame;
+use synapse_replication::session::{RedisLink, RedisSession, RedisSessionConfig};
 use synapse_replication::wire::{
     Command, FederationAck, InstanceName, LockReleased, RawRow, StreamName, Token, UserIp, UserSync,
 };
@@ -397,4 +398,40 @@ pub fn encode(command: &Command) -> Bytes {
     let mut out = BytesMut::new();
     command.encode(&mut out).expect("the mix's commands encode");
     out.freeze()
+}
+
+/// A session as `drain` has it once ready: subscribed to `channel` and its
+/// `USER_IP` channel, both links up, nothing left to poll.
+pub fn ready_session(channel: &str, now: Instant) -> RedisSession {
+    let mut options = RedisSessionConfig::new(channel);
+    options.extra_channels = vec!["USER_IP".to_owned()];
+    options.client_name = None;
+    let me = InstanceName::from("drain");
+    let mut session = RedisSession::new(
+        options,
+        Follower::new(me.clone(), registry()),
+        Writer::new(me, registry()),
+    );
+    session.connect(RedisLink::Subscriber, now);
+    session.connect(RedisLink::Publisher, now);
+    let mut confirmations = BytesMut::new();
+    for (index, name) in [channel.to_owned(), format!("{channel}/USER_IP")]
+        .into_iter()
+        .enumerate()
+    {
+        Frame::Array(vec![
+            Frame::bulk("subscribe"),
+            Frame::bulk(name),
+            Frame::Integer(index as i64 + 1),
+        ])
+        .encode(&mut confirmations)
+        .expect("confirmations encode");
+    }
+    session.handle_input(RedisLink::Subscriber, &confirmations, now);
+    assert!(session.is_ready());
+    for link in RedisLink::BOTH {
+        while session.poll_transmit(link).is_some() {}
+    }
+    while session.poll_event().is_some() {}
+    session
 }

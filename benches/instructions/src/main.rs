@@ -9,11 +9,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use bytes::BytesMut;
-use synapse_replication::positions::{Follower, Writer};
-use synapse_replication::resp::Frame;
-use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
-use synapse_replication::wire::InstanceName;
+use synapse_replication::session::{RedisEvent, RedisLink, RedisSession};
 
 #[path = "../../tools/mix.rs"]
 mod mix;
@@ -30,7 +26,7 @@ fn main() {
     let lines = mix::lines(&mix::items(messages, 42));
     let wire = mix::messages(&lines, CHANNEL);
     let now = Instant::now();
-    let mut session = ready_session(now);
+    let mut session = mix::ready_session(CHANNEL, now);
     let events = receive(&mut session, &wire, now);
     let counters = session.counters();
     assert_eq!(
@@ -56,40 +52,4 @@ fn receive(session: &mut RedisSession, wire: &[u8], now: Instant) -> u64 {
         }
     }
     events
-}
-
-/// A session subscribed to the channel and its `USER_IP` channel, both
-/// links up, as a client has it once ready.
-fn ready_session(now: Instant) -> RedisSession {
-    let mut options = RedisSessionConfig::new(CHANNEL);
-    options.extra_channels = vec!["USER_IP".to_owned()];
-    options.client_name = None;
-    let me = InstanceName::from("drain");
-    let mut session = RedisSession::new(
-        options,
-        Follower::new(me.clone(), mix::registry()),
-        Writer::new(me, mix::registry()),
-    );
-    session.connect(RedisLink::Subscriber, now);
-    session.connect(RedisLink::Publisher, now);
-    let mut confirmations = BytesMut::new();
-    for (index, channel) in [CHANNEL.to_owned(), format!("{CHANNEL}/USER_IP")]
-        .into_iter()
-        .enumerate()
-    {
-        Frame::Array(vec![
-            Frame::bulk("subscribe"),
-            Frame::bulk(channel),
-            Frame::Integer(index as i64 + 1),
-        ])
-        .encode(&mut confirmations)
-        .expect("confirmations encode");
-    }
-    session.handle_input(RedisLink::Subscriber, &confirmations, now);
-    assert!(session.is_ready());
-    for link in RedisLink::BOTH {
-        while session.poll_transmit(link).is_some() {}
-    }
-    while session.poll_event().is_some() {}
-    session
 }
