@@ -15,7 +15,6 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,7 +24,7 @@ use synapse_replication::config::SynapseConfig;
 use synapse_replication::http::page_body;
 use synapse_replication::positions::{CacheInvalidation, CatchUpId, CatchUpRequest, Writer};
 use synapse_replication::transport::postgres::{
-    CacheInvalidations, CacheInvalidationsError, CachesCatchUp, PostgresConnect,
+    CacheInvalidations, CacheInvalidationsError, CachesCatchUp,
 };
 use synapse_replication::transport::{CatchUpSource, TokioRuntime};
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
@@ -33,8 +32,9 @@ use tokio_postgres::Client;
 
 use common::synapse::synapse_python;
 
-const HOST: &str = "127.0.0.1";
-const PORT: u16 = 5432;
+#[path = "common/postgres.rs"]
+mod postgres;
+use postgres::TestDb;
 
 /// One timestamp for every write compared with Synapse's (its clock is a
 /// stand-in that answers this).
@@ -90,86 +90,6 @@ fn synapse_schema() -> String {
     );
     assert_eq!(statements.len(), 5, "{statements:?}");
     statements.join("\n")
-}
-
-fn connect_to(dbname: &str) -> PostgresConnect {
-    let synapse = SynapseConfig::from_json(&format!(
-        r#"{{"server_name": "example.com", "database": {{"name": "psycopg2", "args": {{
-            "host": "{HOST}", "port": {PORT}, "user": "postgres", "dbname": "{dbname}"
-        }}}}}}"#
-    ))
-    .expect("configuration");
-    PostgresConnect::new(synapse.database().expect("database section")).expect("connect")
-}
-
-async fn client(dbname: &str) -> Client {
-    let runtime = TokioRuntime::current().expect("on tokio");
-    let (client, connection) = match connect_to(dbname).connect(&runtime).await {
-        Ok(connected) => connected,
-        Err(error) => panic!(
-            "PostgreSQL at {HOST}:{PORT} (user postgres, trust authentication) is needed by \
-             these tests and did not answer: {error}. Start it (e.g. `service postgresql start`)."
-        ),
-    };
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            eprintln!("postgres connection: {error}");
-        }
-    });
-    client
-}
-
-static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
-
-/// A database of the test's own, dropped with it.
-struct TestDb {
-    name: String,
-}
-
-impl TestDb {
-    async fn create() -> TestDb {
-        let schema = synapse_schema();
-        let name = format!(
-            "synrep_caches_{}_{}",
-            std::process::id(),
-            NEXT_DB.fetch_add(1, Ordering::Relaxed)
-        );
-        client("postgres")
-            .await
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        // From here on Drop removes it, whatever happens.
-        let db = TestDb { name };
-        db.client()
-            .await
-            .batch_execute(&schema)
-            .await
-            .expect("create Synapse's tables");
-        db
-    }
-
-    async fn client(&self) -> Client {
-        client(&self.name).await
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Synchronous, so that it runs on a panic too; FORCE ends the
-        // sessions the test left open. Only this test's database.
-        let dropped = Command::new("psql")
-            .args(["-h", HOST, "-p", &PORT.to_string(), "-U", "postgres", "-d"])
-            .args(["postgres", "-q", "-c"])
-            .arg(format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .status();
-        if !matches!(dropped, Ok(status) if status.success()) {
-            eprintln!("could not drop test database {} ({dropped:?})", self.name);
-        }
-    }
 }
 
 fn name(name: &str) -> InstanceName {
@@ -259,7 +179,7 @@ fn cases() -> Vec<(CacheInvalidation, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_table_and_wire_are_what_synapse_s_own_code_writes() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
     let caches = CacheInvalidations::load(db.client().await, name("rust"))
         .await
         .expect("load");
@@ -363,7 +283,7 @@ fn request(writer: &str, from: i64, to: i64) -> CatchUpRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_pages_are_the_pages_synapse_s_query_gives() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
     let caches = CacheInvalidations::load(db.client().await, name("rust"))
         .await
         .expect("load");
@@ -455,7 +375,7 @@ async fn catch_up_pages_are_the_pages_synapse_s_query_gives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_transaction_publishes_nothing_and_leaves_no_row() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
     let caches = CacheInvalidations::load(db.client().await, name("rust"))
         .await
         .expect("load");
@@ -559,7 +479,7 @@ async fn a_rolled_back_transaction_publishes_nothing_and_leaves_no_row() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_at_once_never_share_an_id_with_each_other_or_synapse() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
     const TASKS: usize = 3;
     const WRITES: usize = 25;
     // Synapse's own code writes as `synapse` meanwhile, from another
@@ -697,7 +617,7 @@ async fn http_server_answers_caches_catch_up_as_synapse_does() {
     use synapse_replication::transport::HttpServer;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
     let caches = CacheInvalidations::load(db.client().await, name("rust1"))
         .await
         .expect("load");

@@ -9,21 +9,20 @@
 #![cfg(feature = "postgres")]
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use synapse_replication::config::SynapseConfig;
 use synapse_replication::positions::StreamIdError;
+use synapse_replication::transport::SmolRuntime;
 use synapse_replication::transport::postgres::{
-    DatabaseIds, DatabaseIdsError, DatabaseStream, PostgresConnect, StreamIdStore,
+    DatabaseIds, DatabaseIdsError, DatabaseStream, StreamIdStore,
 };
-use synapse_replication::transport::{SmolRuntime, TokioRuntime};
 use synapse_replication::wire::{InstanceName, Token};
 use tokio_postgres::Client;
 
-const HOST: &str = "127.0.0.1";
-const PORT: u16 = 5432;
+#[path = "common/postgres.rs"]
+mod postgres;
+use postgres::{HOST, PORT, TestDb, connect_to};
 
 /// What Synapse's schema has for `stream_positions`, `account_data` and
 /// `caches` (a new database's sequences stand at 1, called).
@@ -73,97 +72,6 @@ const SCHEMA: &str = "
     );
 ";
 
-fn connect_to(dbname: &str) -> PostgresConnect {
-    let synapse = SynapseConfig::from_json(&format!(
-        r#"{{"server_name": "example.com", "database": {{"name": "psycopg2", "args": {{
-            "host": "{HOST}", "port": {PORT}, "user": "postgres", "dbname": "{dbname}",
-            "sslmode": "prefer", "connect_timeout": 10, "cp_min": 1
-        }}}}}}"#
-    ))
-    .expect("configuration");
-    PostgresConnect::new(synapse.database().expect("database section")).expect("connect")
-}
-
-/// A client on tokio, its connection task spawned.
-async fn client(dbname: &str) -> Client {
-    let runtime = TokioRuntime::current().expect("on tokio");
-    let (client, connection) = match connect_to(dbname).connect(&runtime).await {
-        Ok(connected) => connected,
-        Err(error) => panic!(
-            "PostgreSQL at {HOST}:{PORT} (user postgres, trust authentication) is needed by \
-             these tests and did not answer: {error}. Start it (e.g. `pg_ctlcluster 15 main \
-             start`, or `service postgresql start`)."
-        ),
-    };
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            eprintln!("postgres connection: {error}");
-        }
-    });
-    client
-}
-
-static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
-
-/// A database of the test's own, dropped with it.
-struct TestDb {
-    name: String,
-}
-
-impl TestDb {
-    async fn create() -> TestDb {
-        let name = format!(
-            "synrep_ids_{}_{}",
-            std::process::id(),
-            NEXT_DB.fetch_add(1, Ordering::Relaxed)
-        );
-        let admin = client("postgres").await;
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create the test database");
-        // From here on Drop removes it, whatever happens.
-        let db = TestDb { name };
-        db.client()
-            .await
-            .batch_execute(SCHEMA)
-            .await
-            .expect("create Synapse's tables");
-        db
-    }
-
-    async fn client(&self) -> Client {
-        client(&self.name).await
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Synchronous, so that it runs on a panic too; FORCE ends the
-        // sessions the test left open. Only this test's database.
-        let dropped = std::process::Command::new("psql")
-            .args([
-                "-h",
-                HOST,
-                "-p",
-                &PORT.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-            ])
-            .args([
-                "-q",
-                "-c",
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            ])
-            .status();
-        if !matches!(dropped, Ok(status) if status.success()) {
-            eprintln!("could not drop test database {} ({dropped:?})", self.name);
-        }
-    }
-}
-
 fn name(name: &str) -> InstanceName {
     InstanceName::from(name)
 }
@@ -206,7 +114,7 @@ async fn load(client: Client, own: &str, writers: &[&str]) -> DatabaseIds<Client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_of_two_writers_never_repeat_and_positions_never_pass_a_missing_row() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_ids", SCHEMA).await;
     const TASKS: usize = 3;
     const WRITES: usize = 30;
     let taken_by: Arc<Mutex<Vec<(String, Token)>>> = Arc::default();
@@ -304,7 +212,7 @@ async fn ids_of_two_writers_never_repeat_and_positions_never_pass_a_missing_row(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_positions_only_moves_forward_when_writes_finish_out_of_order() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_ids", SCHEMA).await;
     let me = name("writer");
     let ids = load(db.client().await, "writer", &["writer"]).await;
     let mut rows = db.client().await;
@@ -377,7 +285,7 @@ enum KillPoint {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_killed_between_taking_and_persisting_never_writes_past_it() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_ids", SCHEMA).await;
     let check = db.client().await;
     for point in [
         KillPoint::Reserved,
@@ -457,7 +365,7 @@ async fn a_writer_killed_between_taking_and_persisting_never_writes_past_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_reads_the_positions_back_and_deletes_former_writers() {
-    let db = TestDb::create().await;
+    let db = TestDb::create("synrep_ids", SCHEMA).await;
     let client = db.client().await;
     client
         .batch_execute(
