@@ -75,12 +75,14 @@ impl StreamPositions {
 }
 
 /// The body of a call: `content` with the caller's positions under
-/// `_INT_STREAM_POS` (replacing any the content had), compact.
+/// `_INT_STREAM_POS` (replacing any the content had), written byte for
+/// byte as Synapse's processes send it (`encode_canonical_json` in
+/// `post_json_get_json` and `put_json`): keys sorted, compact, UTF-8.
 pub fn call_body(mut content: Map<String, Value>, positions: Option<&StreamPositions>) -> String {
     if let Some(positions) = positions {
         content.insert(STREAM_POSITIONS_KEY.to_owned(), positions.to_json());
     }
-    Value::Object(content).to_string()
+    crate::wire::json::to_canonical_string(&Value::Object(content))
 }
 
 /// The query of a `GET` call: `content` as Synapse's client sends a
@@ -325,7 +327,7 @@ mod tests {
         };
         assert_eq!(
             call_body(content, Some(&positions)),
-            r#"{"origin":"remote.org","_INT_STREAM_POS":{"streams":{"typing":2},"instance_name":"w"}}"#
+            r#"{"_INT_STREAM_POS":{"instance_name":"w","streams":{"typing":2}},"origin":"remote.org"}"#
         );
     }
 }

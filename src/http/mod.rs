@@ -31,7 +31,10 @@
 //!   ([`ReplicationError`], [`RemoteError`]);
 //! - [`CatchUpEndpoint`]: the stream catch-up endpoint
 //!   (`get_repl_stream_updates`), answered from the application's pages
-//!   ([`page_body`]).
+//!   ([`page_body`]);
+//! - [`AccountDataRequest`] and [`AccountDataAnswer`]: the six calls
+//!   Synapse's processes make on the account-data writer
+//!   (`add_user_account_data`, `add_tag`, ...), typed.
 //!
 //! Waiting for positions is the follower's
 //! (`PositionWaits` on the sans-IO side, `wait_for_position` on the
@@ -67,6 +70,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod account_data;
 mod api;
 mod body;
 mod cache;
@@ -74,6 +78,7 @@ mod endpoint;
 mod error;
 mod serve;
 
+pub use account_data::{AccountDataAnswer, AccountDataRequest};
 pub use api::{ReplicationApi, ReplicationRequest, Route};
 pub use body::{
     MAX_POSITIONS, ReplicationAnswer, StreamPositions, answer_body, call_body, call_query,

@@ -19,8 +19,8 @@ use super::catch_up::{Https, authority, collect, drive, txn_id};
 use super::hyper_io::HyperIo;
 use crate::config::{InstanceLocation, StreamWriters, SynapseConfig, TlsConfig};
 use crate::http::{
-    Method, RemoteError, ReplicationAnswer, ReplicationEndpoint, StreamPositions,
-    WAIT_FOR_POSITIONS, call_body, call_query, read_answer,
+    AccountDataAnswer, AccountDataRequest, Method, RemoteError, ReplicationAnswer,
+    ReplicationEndpoint, StreamPositions, WAIT_FOR_POSITIONS, call_body, call_query, read_answer,
 };
 use crate::positions::BoxError;
 use crate::transport::client::waits::PositionWaiter;
@@ -369,6 +369,54 @@ impl<R: Runtime> ReplicationClient<R> {
         let mut answer = answer.map_err(|error| fail.error(CallFailure::Remote(error)))?;
         answer.seen = self.wait_for(instance, &answer.positions).await;
         Ok(answer)
+    }
+
+    /// Sends `request` to the deployment's account-data writer (the
+    /// instance `stream_writers.account_data` names, `master` when it
+    /// names none), as Synapse's `AccountDataHandler` does when it is not
+    /// that writer: the endpoint's path and body (see
+    /// [`AccountDataRequest`]), this process's positions, no txn id (a
+    /// retry after a timeout is handled again, as Synapse's are); the
+    /// `account_data` position after the change once this process has seen
+    /// the writer's positions (or waited five seconds, as Synapse does).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "runtime-smol")]
+    /// # async fn call(client: synapse_replication::transport::ReplicationClient<synapse_replication::transport::SmolRuntime>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use synapse_replication::http::AccountDataRequest;
+    ///
+    /// let answer = client
+    ///     .account_data(&AccountDataRequest::RemoveTag {
+    ///         user_id: "@alice:example.com".into(),
+    ///         room_id: "!room:example.com".into(),
+    ///         tag: "u.work".into(),
+    ///     })
+    ///     .await?;
+    /// println!("untagged at {}", answer.max_stream_id);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn account_data(
+        &self,
+        request: &AccountDataRequest,
+    ) -> Result<AccountDataAnswer, ReplicationCallError> {
+        let writer = self
+            .writers
+            .writers_of(&StreamName::AccountData)
+            .and_then(|writers| writers.first())
+            .cloned()
+            .unwrap_or_else(InstanceName::master);
+        let endpoint = request.endpoint();
+        let answer = self
+            .call(&writer, &endpoint, &request.args(), request.content())
+            .await?;
+        AccountDataAnswer::from_content(200, &answer.content).map_err(|error| {
+            Fail {
+                instance: writer,
+                endpoint: endpoint.name().to_owned(),
+            }
+            .error(CallFailure::Remote(error))
+        })
     }
 
     /// Whether this process saw `instance` reach every position within

@@ -34,8 +34,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 
 use crate::http::{
-    CONTENT_TYPE, CatchUpEndpoint, EndpointError, ReplicationEndpoint, ReplicationError,
-    ReplicationRequest, Routed, internal_error_body, page_body,
+    AccountDataAnswer, AccountDataRequest, CONTENT_TYPE, CatchUpEndpoint, EndpointError,
+    ReplicationEndpoint, ReplicationError, ReplicationRequest, Routed, internal_error_body,
+    page_body,
 };
 
 use super::hyper_io::HyperIo;
@@ -661,6 +662,71 @@ impl<R: Runtime> HttpServer<R> {
             calls.handlers.push(handler);
         });
         self
+    }
+
+    /// Serves the six endpoints of Synapse's account-data writer
+    /// (`add_user_account_data`, `remove_user_account_data`,
+    /// `add_room_account_data`, `remove_room_account_data`, `add_tag`,
+    /// `remove_tag`: see [`AccountDataRequest`]) with `handler`, for the
+    /// users of `server_name`, as [`with_endpoint`](Self::with_endpoint)
+    /// serves any endpoint (secret, body, the caller's positions waited
+    /// for; none of the six caches, so a retried call is handled again, as
+    /// Synapse's are).
+    ///
+    /// The handler gets each call typed, once
+    /// [`AccountDataRequest::from_call`] has checked it (a malformed user
+    /// or room id, a user of another server, an addition without a
+    /// content object: Synapse's error answers, the handler not called),
+    /// and answers the `account_data` position after the change, or a
+    /// [`ReplicationError`]. Give the answers this process's positions
+    /// ([`with_positions`](Self::with_positions), `account_data` among
+    /// them): the caller waits for them.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "runtime-smol")]
+    /// # async fn serve(server: synapse_replication::transport::HttpServer<synapse_replication::transport::SmolRuntime>) {
+    /// use futures::FutureExt;
+    /// use synapse_replication::http::{AccountDataAnswer, AccountDataRequest};
+    /// use synapse_replication::wire::{StreamName, Token};
+    ///
+    /// let server = server
+    ///     .with_account_data("example.com", |request| {
+    ///         async move {
+    ///             // ... write request.added() for request.user_id() ...
+    ///             Ok(AccountDataAnswer { max_stream_id: Token(8) })
+    ///         }
+    ///         .boxed()
+    ///     })
+    ///     .with_positions(|| vec![(StreamName::AccountData, Token(8))]);
+    /// server.run().await;
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_account_data<F>(self, server_name: &str, handler: F) -> HttpServer<R>
+    where
+        F: Fn(
+                AccountDataRequest,
+            ) -> BoxFuture<'static, Result<AccountDataAnswer, ReplicationError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let handler = Arc::new(handler);
+        let server_name: Arc<str> = Arc::from(server_name);
+        AccountDataRequest::endpoints()
+            .into_iter()
+            .fold(self, |server, endpoint| {
+                let (handler, server_name) = (Arc::clone(&handler), Arc::clone(&server_name));
+                server.with_endpoint(endpoint, move |call| {
+                    match AccountDataRequest::from_call(&call, &server_name) {
+                        Ok(request) => {
+                            let answer = handler(request);
+                            Box::pin(async move { answer.await.map(|a| a.to_content()) })
+                        }
+                        Err(refusal) => Box::pin(future::ready(Err(refusal))),
+                    }
+                })
+            })
     }
 
     /// Refuses calls whose `_INT_STREAM_POS` name a stream their caller

@@ -341,6 +341,69 @@ impl Formatter for SynapseFormatter {
     }
 }
 
+/// Writes `value` as Synapse's `encode_canonical_json` does (the body of
+/// every replication call its processes make): object keys sorted by code
+/// point, compact, text as UTF-8 (only `"`, `\\` and control characters
+/// escaped, as Python's `ensure_ascii=False`), floats as Python's `repr`.
+pub(crate) fn to_canonical_string(value: &serde_json::Value) -> String {
+    struct Sorted<'a>(&'a serde_json::Value);
+
+    impl Serialize for Sorted<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::{SerializeMap, SerializeSeq};
+            match self.0 {
+                serde_json::Value::Object(object) => {
+                    // UTF-8 byte order is code point order, as Python sorts.
+                    let mut entries: Vec<_> = object.iter().collect();
+                    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    let mut map = serializer.serialize_map(Some(entries.len()))?;
+                    for (key, value) in entries {
+                        map.serialize_entry(key, &Sorted(value))?;
+                    }
+                    map.end()
+                }
+                serde_json::Value::Array(items) => {
+                    let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                    for item in items {
+                        seq.serialize_element(&Sorted(item))?;
+                    }
+                    seq.end()
+                }
+                other => other.serialize(serializer),
+            }
+        }
+    }
+
+    struct CanonicalFormatter;
+
+    impl Formatter for CanonicalFormatter {
+        fn write_f64<W: ?Sized + io::Write>(
+            &mut self,
+            writer: &mut W,
+            value: f64,
+        ) -> io::Result<()> {
+            write_python_float(writer, value)
+        }
+
+        fn write_char_escape<W: ?Sized + io::Write>(
+            &mut self,
+            writer: &mut W,
+            escape: CharEscape,
+        ) -> io::Result<()> {
+            SynapseFormatter.write_char_escape(writer, escape)
+        }
+    }
+
+    let mut out = Vec::with_capacity(128);
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, CanonicalFormatter);
+    // A `Value` always serializes (its floats are finite, its keys strings),
+    // and the text is UTF-8 as serde_json writes it.
+    match Sorted(value).serialize(&mut serializer) {
+        Ok(()) => String::from_utf8(out).unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
 fn write_u_escape<W: ?Sized + io::Write>(writer: &mut W, unit: u16) -> io::Result<()> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digits = [
@@ -403,6 +466,16 @@ mod tests {
 
     fn float(value: f64) -> String {
         String::from_utf8(to_vec(&value).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn canonical_json_as_encode_canonical_json_writes_it() {
+        // Python: encode_canonical_json({"b": 1, "a": {"z": [1.5e16, "é\n"], "y": None}})
+        let value = serde_json::json!({"b": 1, "a": {"z": [1.5e16, "é\n\u{1}"], "y": null}});
+        assert_eq!(
+            to_canonical_string(&value),
+            "{\"a\":{\"y\":null,\"z\":[1.5e+16,\"é\\n\\u0001\"]},\"b\":1}"
+        );
     }
 
     #[test]
