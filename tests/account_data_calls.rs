@@ -27,7 +27,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -153,25 +152,7 @@ fn synapse_calls(
             "kwargs": kwargs(request),
         })).collect::<Vec<_>>(),
     });
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/synapse/account_data.py");
-    let mut child = Command::new(common::synapse::synapse_python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run the Synapse venv's python");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(spec.to_string().as_bytes())
-        .expect("write to python");
-    let output = child.wait_with_output().expect("python");
-    assert!(output.status.success(), "account_data.py failed");
-    String::from_utf8(output.stdout)
-        .expect("utf-8")
+    common::synapse::run_script("account_data.py", &[], &spec.to_string())
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON line"))
         .collect()

@@ -13,8 +13,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,7 +28,7 @@ use synapse_replication::transport::{CatchUpSource, TokioRuntime};
 use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 use tokio_postgres::Client;
 
-use common::synapse::synapse_python;
+use common::synapse::run_script;
 
 #[path = "common/postgres.rs"]
 mod postgres;
@@ -44,29 +42,9 @@ fn at_ts() -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(TS as u64)
 }
 
-fn caches_py() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/synapse/caches.py")
-}
-
 /// Runs `tests/synapse/caches.py` with `args`, `stdin` in, stdout out.
 fn python(args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(synapse_python())
-        .arg(caches_py())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run the Synapse venv's python");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write to python");
-    let output = child.wait_with_output().expect("python");
-    assert!(output.status.success(), "caches.py {args:?} failed");
-    String::from_utf8(output.stdout).expect("utf-8")
+    run_script("caches.py", args, stdin)
 }
 
 /// Synapse's own code runs `ops` on the database (see caches.py).

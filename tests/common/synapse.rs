@@ -33,6 +33,32 @@ use serde_json::{Value, json};
 /// The pinned Synapse version the venv must hold.
 pub const SYNAPSE_VERSION: &str = "1.163.2";
 
+/// Runs `tests/synapse/<script>` with the venv's python, `args` on its
+/// command line and `stdin` on its standard input; its standard output.
+/// Panics (failing the test) if it fails.
+pub fn run_script(script: &str, args: &[&str], stdin: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/synapse")
+        .join(script);
+    let mut child = Command::new(synapse_python())
+        .arg(path)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run the Synapse venv's python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write to python");
+    let output = child.wait_with_output().expect("python");
+    assert!(output.status.success(), "{script} {args:?} failed");
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
 /// The Python of the Synapse venv: `$SYNAPSE_PYTHON`, else the venv
 /// `scripts/test.sh` creates. Panics (never skips) when neither exists.
 pub fn synapse_python() -> PathBuf {
