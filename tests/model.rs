@@ -622,13 +622,15 @@ impl World {
                 self.reserved.insert((key.0, key.1, ahead.0));
                 rdata(ahead)
             }
-            // Only below: one at the follower's own position is what the
-            // writer itself announces, and after the follower reconnects it
-            // can hide rows lost meanwhile (see the follower's docs).
-            _ if here.0 >= i64::from(amount) => {
-                position(Token(0), Token(here.0 - i64::from(amount)))
+            // At or below the follower's own position, as the writer's
+            // own announcement (`t t`) or claiming everything (`0 t`).
+            // (Before the writer's own on a new connection it can hide rows
+            // lost meanwhile: the check above keeps those out, see the
+            // follower's docs.)
+            _ => {
+                let new = Token(here.0 - i64::from(amount / 2).min(here.0));
+                position(if amount % 2 == 1 { new } else { Token(0) }, new)
             }
-            _ => return,
         };
         if std::env::var("MODEL_TRACE").is_ok() {
             eprintln!("forged -> {}: {:?}", NAMES[to], command.to_bytes().unwrap());
