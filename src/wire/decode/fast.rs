@@ -14,7 +14,6 @@ type UserIpFields<'a> = ([&'a [u8]; 3], Option<&'a [u8]>, i64);
 
 /// A string without escapes or control characters at `at` (on its
 /// opening quote), and the offset after its closing quote.
-#[inline(always)]
 fn json_string(data: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let body = data.get(at..)?.strip_prefix(b"\"")?;
     // Eight bytes at a time to the first quote, backslash, control
@@ -105,7 +104,6 @@ const USER_SYNC: &[u8] = b"USER_SYNC ";
 /// its text fields; `None` for anything else, which
 /// [`decode_any_command`] then reads (or refuses). What this returns,
 /// [`decode_any_command`] returns too.
-#[inline(always)]
 pub(super) fn common_command(line: &Bytes) -> Option<Command> {
     if line.starts_with(USER_IP) {
         return user_ip_line(line).map(|user_ip| Command::UserIp(Box::new(user_ip)));
@@ -130,7 +128,6 @@ pub(super) const LOCK_RELEASED: &[u8] = b"LOCK_RELEASED ";
 
 /// A `FEDERATION_ACK` line with a non-empty name and a token, and no
 /// newline; `None` otherwise.
-#[inline(never)]
 fn federation_ack_line(line: &Bytes) -> Option<FederationAck> {
     let start = FEDERATION_ACK.len();
     let [instance_end] = spaces::<1>(line, start)?;
@@ -150,7 +147,6 @@ fn federation_ack_line(line: &Bytes) -> Option<FederationAck> {
 /// them, compact, without escapes or control characters (so without a
 /// newline): `["<instance>","<lock_name>","<lock_key>"]`; `None`
 /// otherwise. serde_json reads such data as these three strings.
-#[inline(never)]
 fn lock_released_line(line: &Bytes) -> Option<LockReleased> {
     let data = line.get(LOCK_RELEASED.len()..)?;
     let expect = |at: usize, byte: u8| (data.get(at) == Some(&byte)).then_some(at + 1);
@@ -176,14 +172,12 @@ fn lock_released_line(line: &Bytes) -> Option<LockReleased> {
 }
 
 /// Where `part` (a slice of `line`) starts in `line`.
-#[inline(always)]
 fn offset_in(line: &[u8], part: &[u8]) -> usize {
     (part.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize)
 }
 
 /// `line[start..end]` as a slice of `text` (the whole line, known to be
 /// UTF-8): no UTF-8 check of its own.
-#[inline(always)]
 fn text_at(text: &ByteString, start: usize, end: usize) -> Option<ByteString> {
     Some(text.slice_ref(text.get(start..end)?))
 }
@@ -192,7 +186,6 @@ fn text_at(text: &ByteString, start: usize, end: usize) -> Option<ByteString> {
 /// user id and no newline; `None` otherwise. (A newline in the data is a
 /// control character in a string, or not JSON that
 /// [`user_ip_fields`] reads.)
-#[inline(never)]
 fn user_ip_line(line: &Bytes) -> Option<UserIp> {
     let start = USER_IP.len();
     let [user_end] = spaces::<1>(line, start)?;
@@ -223,7 +216,6 @@ fn user_ip_line(line: &Bytes) -> Option<UserIp> {
 
 /// A `USER_SYNC` line with its five fields, none empty, and no newline;
 /// `None` otherwise.
-#[inline(never)]
 fn user_sync_line(line: &Bytes) -> Option<UserSync> {
     let start = USER_SYNC.len();
     let [instance_end, user_end, device_end, state_end] = spaces::<4>(line, start)?;
@@ -256,7 +248,6 @@ fn user_sync_line(line: &Bytes) -> Option<UserSync> {
 /// reads an `RDATA` header (the new token ends the line); `None` for any
 /// other line, which [`decode_position_general`] then reads (or
 /// refuses). What this returns, [`decode_position_general`] returns too.
-#[inline(always)]
 pub(super) fn position_fast(line: &[u8]) -> Option<Position> {
     let (stream, stream_end) = position_stream(line)?;
     position_rest_fast(line, stream, stream_end)
@@ -265,14 +256,12 @@ pub(super) fn position_fast(line: &[u8]) -> Option<Position> {
 /// The known stream of a `POSITION` line and where its name ends (at the
 /// first space after `POSITION `), as [`position_fast`] reads it; `None`
 /// where it would give the line to the general path.
-#[inline(always)]
 pub(super) fn position_stream(line: &[u8]) -> Option<(StreamName, usize)> {
     known_stream(line, POSITION.len())
 }
 
 /// The rest of [`position_fast`], after [`position_stream`] read the
 /// stream.
-#[inline(always)]
 pub(super) fn position_rest_fast(
     line: &[u8],
     stream: StreamName,
@@ -297,7 +286,6 @@ pub(super) fn position_rest_fast(
 /// short, and a valid row; `None` for any other line, which
 /// [`rdata_fields`] then reads (or refuses). What this returns,
 /// [`rdata_fields`] returns too.
-#[inline(always)]
 pub(super) fn rdata_fields_fast(line: &[u8]) -> Option<RdataFields> {
     let (stream, stream_end) = rdata_stream(line)?;
     rdata_rest_fast(line, stream, stream_end)

@@ -95,7 +95,6 @@ impl Decoder {
     /// [`Decoder::decode`], and for an `RDATA` line that does not decode,
     /// what can still be read of it (see [`LostRdata`]), found on the error
     /// path only.
-    #[inline(always)]
     pub(crate) fn decode_salvaging(&self, line: Bytes) -> Result<Option<Command>, Salvaged> {
         // Most lines are rows, and most others positions: go straight to
         // them.
@@ -115,7 +114,6 @@ impl Decoder {
 
     /// [`Decoder::decode_salvaging`] for a line that starts with neither
     /// `RDATA ` nor `POSITION ` (the caller has looked).
-    #[inline(always)]
     pub(crate) fn decode_other_salvaging(&self, line: Bytes) -> Result<Option<Command>, Salvaged> {
         self.check_len(&line)?;
         // A line starting with a letter is not blank: skip the scan.
@@ -130,7 +128,6 @@ impl Decoder {
     /// [`Decoder::decode_salvaging`] for a line that starts with
     /// `POSITION `, unless the line names `own` as its sender: `Ok(None)`
     /// then, as [`Decoder::decode_rdata_unless_from`].
-    #[inline(never)]
     pub(crate) fn decode_position_unless_from(
         &self,
         line: &Bytes,
@@ -154,7 +151,6 @@ impl Decoder {
     /// [`Decoder::decode_salvaging`] for a line that starts with `RDATA `:
     /// the row itself, not wrapped in a [`Command`] (the receive path hands
     /// it straight to the follower).
-    #[inline(always)]
     pub(crate) fn decode_rdata_salvaging(&self, line: Bytes) -> Result<Rdata, Salvaged> {
         self.check_len(&line)?;
         decode_rdata(line)
@@ -166,7 +162,6 @@ impl Decoder {
     /// the stream's name, which is the first space after `RDATA `: found
     /// once, by the fast path's reading of the stream where it can, for
     /// both the echo check and the decoding.
-    #[inline(always)]
     pub(crate) fn decode_rdata_unless_from(
         &self,
         line: Bytes,
@@ -184,7 +179,6 @@ impl Decoder {
     }
 
     /// Refuses a line over the length limit.
-    #[inline(always)]
     fn check_len(&self, line: &Bytes) -> Result<(), Salvaged> {
         if line.len() > self.max_line_len {
             let error = DecodeError::LineTooLong {
@@ -199,7 +193,6 @@ impl Decoder {
 
 /// Whether `line` is an `RDATA` line (for
 /// [`Decoder::decode_rdata_salvaging`]).
-#[inline(always)]
 pub(crate) fn is_rdata(line: &[u8]) -> bool {
     line.starts_with(RDATA)
 }
@@ -219,7 +212,6 @@ fn sent_by(line: &[u8], start: usize, stream: Option<&(StreamName, usize)>, own:
 }
 
 /// Whether `line` at `at` starts with `own` and a space.
-#[inline(always)]
 fn names_at(line: &[u8], at: usize, own: &[u8]) -> bool {
     // The space after it first: one byte, which rules out most lines.
     line.get(at.wrapping_add(own.len())) == Some(&b' ')
@@ -232,7 +224,6 @@ fn names_at(line: &[u8], at: usize, own: &[u8]) -> bool {
 /// `RDATA` (boxed: the error path must not make every result larger).
 pub(crate) type Salvaged = Box<(DecodeError, Option<LostRdata>)>;
 
-#[cold]
 fn salvage(error: DecodeError, line: &[u8]) -> Salvaged {
     Box::new((error, LostRdata::from_line(line)))
 }
@@ -311,7 +302,6 @@ const HEADER_SCAN: usize = 1024;
 
 impl Command {
     /// Decodes one line with the default [`Decoder`].
-    #[inline]
     pub fn decode(line: Bytes) -> Result<Option<Command>, DecodeError> {
         Decoder::new().decode(line)
     }
@@ -361,7 +351,6 @@ fn text(
     })
 }
 
-#[inline(always)]
 fn instance_name(
     command: CommandKind,
     field: &'static str,
@@ -373,7 +362,6 @@ fn instance_name(
     }
 }
 
-#[cold]
 fn invalid_instance_name(command: CommandKind, field: &'static str, value: &[u8]) -> DecodeError {
     DecodeError::InvalidField {
         command,
@@ -404,7 +392,6 @@ fn name(
     text(line, command, field, value)
 }
 
-#[inline(always)]
 fn stream_name(
     line: &Bytes,
     command: CommandKind,
@@ -417,7 +404,6 @@ fn stream_name(
     }
 }
 
-#[cold]
 fn other_stream_name(
     line: &Bytes,
     command: CommandKind,
@@ -636,7 +622,6 @@ fn decode_any_command(line: &Bytes) -> Result<Command, DecodeError> {
 }
 
 /// [`decode_rdata`] for `RDATA` lines without the space after the name.
-#[inline(never)]
 fn decode_rdata_cold(line: Bytes) -> Result<Command, DecodeError> {
     decode_rdata(line)
         .map(Command::Rdata)
@@ -650,7 +635,6 @@ const RDATA: &[u8] = b"RDATA ";
 const POSITION: &[u8] = b"POSITION ";
 
 /// Decodes a `POSITION` line, as [`decode_command`] would.
-#[inline(never)]
 fn decode_position(line: &Bytes) -> Result<Position, DecodeError> {
     match position_fast(line) {
         Some(position) => Ok(position),
@@ -693,7 +677,6 @@ fn decode_position_general(line: &Bytes) -> Result<Position, DecodeError> {
 
 /// Decodes an `RDATA` line. The row keeps the line's reference (the row
 /// ends the line), so no reference count is touched.
-#[inline(always)]
 fn decode_rdata(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields_fast(&line) {
         Some(fields) => Ok(rdata_of(line, fields)),
@@ -719,7 +702,6 @@ fn rdata_of(line: Bytes, (stream, instance, token, row_start): RdataFields) -> R
 }
 
 /// [`decode_rdata`] for the lines [`rdata_fields_fast`] does not read.
-#[inline(never)]
 fn decode_rdata_general(line: Bytes) -> Result<Rdata, Salvaged> {
     match rdata_fields(&line) {
         Ok(fields) => Ok(rdata_of(line, fields)),
@@ -728,7 +710,6 @@ fn decode_rdata_general(line: Bytes) -> Result<Rdata, Salvaged> {
 }
 
 /// The fields of an `RDATA` line, read by the general path.
-#[inline(always)]
 fn rdata_fields(line: &Bytes) -> Result<RdataFields, DecodeError> {
     let kind = CommandKind::Rdata;
     let [stream_end, instance_end, token_end] = three_spaces(

@@ -5,7 +5,6 @@ use super::*;
 
 /// The offset of the first space in `bytes` from `at`, eight bytes at a
 /// time.
-#[inline(always)]
 pub(super) fn next_space(bytes: &[u8], mut at: usize) -> Option<usize> {
     while at < bytes.len() {
         // Bytes past the end read as zero, which is not a space.
@@ -77,7 +76,6 @@ pub(super) fn parse_i64(text: &[u8]) -> Option<i64> {
 /// The offsets of the first `N` spaces in `line` from `start`, found
 /// eight bytes at a time; `None` if there are fewer, or if a newline comes
 /// before the last of them.
-#[inline(always)]
 pub(super) fn spaces<const N: usize>(line: &[u8], start: usize) -> Option<[usize; N]> {
     let mut spaces = [0; N];
     let mut found = 0;
@@ -121,7 +119,6 @@ const fn spaces_and_newlines(word: u64) -> u64 {
 
 /// The eight bytes of `bytes` from `at` as a little-endian word; bytes past
 /// the end read as zero.
-#[inline(always)]
 pub(super) fn word_at(bytes: &[u8], at: usize) -> u64 {
     // One bounds check: a range that wraps round is refused as empty.
     match bytes
@@ -147,7 +144,6 @@ fn short_word_at(bytes: &[u8], at: usize) -> u64 {
 /// fields of `command` named in `fields`. A newline before the third space
 /// is [`DecodeError::Newline`]; a missing space makes the field it would
 /// start [`DecodeError::MissingField`].
-#[inline(always)]
 pub(super) fn three_spaces(
     line: &[u8],
     start: usize,
@@ -160,7 +156,6 @@ pub(super) fn three_spaces(
 /// Why [`three_spaces`] found no three spaces: a newline before the third
 /// ([`DecodeError::Newline`]), or the field that the missing space would
 /// start.
-#[cold]
 fn three_spaces_error(
     line: &[u8],
     start: usize,
@@ -188,7 +183,6 @@ fn three_spaces_error(
 
 /// The token in `line[start..end]`: [`parse_i64`], with up to eight digits
 /// converted eight bytes at a time.
-#[inline(always)]
 pub(super) fn token_at(line: &[u8], start: usize, end: usize) -> Option<i64> {
     let len = end.wrapping_sub(start);
     if (1..=8).contains(&len) {

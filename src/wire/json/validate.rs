@@ -43,11 +43,10 @@ pub(crate) fn validate(bytes: &[u8]) -> Result<(), Invalid> {
 
 /// [`validate`], refusing `\n` even as whitespace when `newline_ok` is false
 /// (a row inside a wire line cannot hold one).
-#[inline(always)]
 pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
     // Rows are longer than a word. Shorter texts go to the general
-    // recogniser, so that in the fast one, inlined below, the word loops
-    // know that the text holds a word and need not test it per string.
+    // recogniser, so that in the fast one the word loops know that the
+    // text holds a word and need not test it per string.
     if bytes.len() < 8 {
         return validate_general(bytes, newline_ok);
     }
@@ -70,8 +69,6 @@ pub(crate) fn validate_with(bytes: &[u8], newline_ok: bool) -> Result<(), Invali
 /// than 63 levels): recognised (again) from the start by the general one; then, since strings may hold
 /// non-ASCII bytes, UTF-8 is checked once for the whole text, which covers
 /// every string in it.
-#[cold]
-#[inline(never)]
 fn validate_general(bytes: &[u8], newline_ok: bool) -> Result<(), Invalid> {
     if newline_ok {
         Recogniser::<true, false> { bytes }.run()?;
@@ -143,8 +140,6 @@ const fn non_digits(word: u64) -> u64 {
     (word.wrapping_sub(ONES * b'0' as u64) | word.wrapping_add(ONES * 0x46)) & HIGHS
 }
 
-#[cold]
-#[inline(never)]
 fn fail<T>(at: usize, problem: &'static str) -> Result<T, Invalid> {
     Err(Invalid { at, problem })
 }
@@ -160,18 +155,13 @@ const fn literal_word(word: &[u8]) -> u64 {
     bits
 }
 
-/// [`fail`] where a value ended, out of line with its message: when the
-/// message is passed, its length ends up held across the loops as a
-/// constant in the stack, stored once a value.
-#[cold]
-#[inline(never)]
+/// [`fail`] where a value ended.
 fn fail_after_value<T>(at: usize) -> Result<T, Invalid> {
     fail(at, "expected `,` or the end of the container")
 }
 
 /// The eight bytes of `bytes` from `at` as a little-endian word, `at` being
 /// less than eight bytes from the end; bytes past the end read as zero.
-#[inline(always)]
 fn tail_word(bytes: &[u8], at: usize) -> u64 {
     // Callers are within eight bytes of the end; `& 7` keeps the shifts
     // below in range whatever they pass.
@@ -187,8 +177,6 @@ fn tail_word(bytes: &[u8], at: usize) -> u64 {
 
 /// [`tail_word`] for a text of fewer than eight bytes: `rest`
 /// as a little-endian word, zero-padded.
-#[cold]
-#[inline(never)]
 fn short_word(rest: &[u8]) -> u64 {
     let mut word = [0; 8];
     for (to, from) in word.iter_mut().zip(rest) {
@@ -222,7 +210,6 @@ impl Nesting {
 
     /// Pushes a container; false if the fast recogniser would need more
     /// than one word.
-    #[inline(always)]
     fn push<const FAST: bool>(&mut self, object: bool, spill: &mut Vec<u64>) -> bool {
         if self.0 >> 63 != 0 {
             if FAST {
@@ -236,7 +223,6 @@ impl Nesting {
     }
 
     /// Pops the innermost container; true if it was the outermost.
-    #[inline(always)]
     fn pop(&mut self, spill: &mut Vec<u64>) -> bool {
         self.0 >>= 1;
         if self.0 == Self::EMPTY.0 {
@@ -260,7 +246,6 @@ impl Nesting {
 }
 
 impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> {
-    #[inline(always)]
     fn byte(&self, at: usize) -> Option<u8> {
         self.bytes.get(at).copied()
     }
@@ -270,7 +255,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     }
 
     /// Skips whitespace from `at`.
-    #[inline(always)]
     fn skip_whitespace(&self, at: usize) -> usize {
         // Compact JSON has none, and everything else JSON has outside
         // strings is above b' ': one test.
@@ -296,7 +280,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     /// Recognises the text. Inlined into its one caller for rows,
     /// [`validate_with`], which then needs no call and no returned
     /// `Result` in memory.
-    #[inline(always)]
     fn run(&self) -> Result<(), Invalid> {
         let mut at = 0;
         let mut nesting = Nesting::EMPTY;
@@ -401,8 +384,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     /// Whether the `]` at `at`, where a value is expected, closes an empty
     /// array: whether the last byte before it but whitespace is `[` (and
     /// not `,` or `:`).
-    #[cold]
-    #[inline(never)]
     fn closes_empty_array(&self, at: usize) -> bool {
         let before = self.bytes.get(..at).unwrap_or_default();
         before
@@ -474,7 +455,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     /// The offset of the first byte from `at` that `flags` flags (as
     /// [`bytes_below`] does), or the text's length if none does; eight
     /// bytes at a time.
-    #[inline(always)]
     fn skip_words(&self, mut at: usize, flags: impl Fn(u64) -> u64) -> usize {
         // Whole words while eight bytes are left: an offset compared with
         // the last word's, one induction variable and one test a word.
@@ -501,7 +481,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
 
     /// The bytes of `word` that end a run of plain string bytes, as
     /// [`bytes_below`] flags them.
-    #[inline(always)]
     fn specials(word: u64) -> u64 {
         if FAST {
             ascii_string_specials(word)
@@ -541,7 +520,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
     }
 
     /// Skips ASCII digits from `at`, eight at a time.
-    #[inline(always)]
     fn digits(&self, at: usize) -> usize {
         self.skip_words(at, non_digits)
     }
@@ -579,7 +557,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
 
     /// The fraction and exponent of a number, if any; `at` follows its
     /// integer part. Returns the offset after the number.
-    #[inline(never)]
     fn fraction_exponent(&self, mut at: usize) -> Result<usize, Invalid> {
         if self.byte(at) == Some(b'.') {
             let start = at + 1;
@@ -604,7 +581,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
 
     /// Whether the text holds `prefix` at `at`, where a word is left (else
     /// false): one test of the offset, against the last word's.
-    #[inline(always)]
     fn word_left_starts_with<const N: usize>(&self, at: usize, prefix: [u8; N]) -> bool {
         let Some(last) = self.bytes.len().checked_sub(8) else {
             return false;
@@ -614,7 +590,6 @@ impl<const NEWLINE_OK: bool, const FAST: bool> Recogniser<'_, NEWLINE_OK, FAST> 
 
     /// The literal `word`; `at` is on its first byte. Returns the offset
     /// after it.
-    #[inline(always)]
     fn literal(&self, at: usize, word: &'static [u8]) -> Result<usize, Invalid> {
         // Where a word is left (in rows, all but at the very end), its
         // first bytes compared at once, bounded by a test of the offset
