@@ -20,9 +20,9 @@
 //! use std::sync::Arc;
 //! use std::time::Instant;
 //! use synapse_replication::config::StreamWriters;
-//! use synapse_replication::positions::{Follower, FollowerEvent, Writer};
+//! use synapse_replication::positions::{CatchUpPage, Follower, FollowerEvent, Writer};
 //! use synapse_replication::session::{RedisEvent, RedisLink, RedisSession, RedisSessionConfig};
-//! use synapse_replication::wire::{InstanceName, StreamName, Token};
+//! use synapse_replication::wire::{InstanceName, RawRow, StreamName, Token};
 //!
 //! let now = Instant::now();
 //! let writers = Arc::new(StreamWriters::default().with_redis(true));
@@ -45,21 +45,35 @@
 //!
 //! // Redis confirms the subscription; then come what `master` published:
 //! // its answer to this session's `REPLICATE`, and a row.
+//! let row = r#"["get_user_by_id",["@alice:example.com"],1700000000000]"#;
 //! let message = |line: &str| {
 //!     format!("*3\r\n$7\r\nmessage\r\n$11\r\nexample.com\r\n${}\r\n{line}\r\n", line.len())
 //! };
 //! let input = format!(
 //!     "+OK\r\n*3\r\n$9\r\nsubscribe\r\n$11\r\nexample.com\r\n:1\r\n{}{}",
 //!     message("POSITION caches master 6 6"),
-//!     message(r#"RDATA caches master 7 ["get_user_by_id",["@alice:example.com"],1700000000000]"#),
+//!     message(&format!("RDATA caches master 7 {row}")),
 //! );
 //! session.handle_input(RedisLink::Subscriber, input.as_bytes(), now);
 //!
+//! // Any process may publish in master's name, and what master published
+//! // while this one was away is lost: master's first row on a new
+//! // connection is checked with master by a catch-up, which a driver
+//! // fetches from master's replication endpoint. Here it is answered by
+//! // hand; later rows are taken as they come.
 //! let mut seen = Vec::new();
 //! while let Some(event) = session.poll_event() {
 //!     println!("{event}");
-//!     if let RedisEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) = event {
-//!         seen.push((stream, writer, token, rows.len()));
+//!     match event {
+//!         RedisEvent::Follower(FollowerEvent::CatchUp(request)) => {
+//!             let updates = vec![(Token(7), RawRow::new(row)?)];
+//!             let page = CatchUpPage { updates, upto: request.to, limited: false };
+//!             session.handle_catch_up(request.id, page)?;
+//!         }
+//!         RedisEvent::Follower(FollowerEvent::Rows { stream, writer, token, rows, .. }) => {
+//!             seen.push((stream, writer, token, rows.len()));
+//!         }
+//!         _ => {}
 //!     }
 //! }
 //! assert_eq!(seen, [(StreamName::Caches, InstanceName::master(), Token(7), 1)]);

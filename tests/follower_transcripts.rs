@@ -279,9 +279,9 @@ fn stale_and_duplicate_rdata_is_dropped_with_its_batch() {
     let script = run(
         "f1",
         r#"
-        > !seed receipts w1 0
         > !connect
         > POSITION receipts w1 0 0
+        < started receipts w1 0
         > RDATA receipts w1 1 ["r1"]
         < rows receipts w1 1 ["r1"]
         > RDATA receipts w1 1 ["r1"]
@@ -302,11 +302,11 @@ fn batches_are_held_per_writer_until_their_numbered_row() {
     run(
         "f1",
         r#"
-        > !seed events w1 0
-        > !seed events w2 0
         > !connect
         > POSITION events w1 0 0
+        < started events w1 0
         > POSITION events w2 0 0
+        < started events w2 0
         > RDATA events w1 batch ["a1"]
         > RDATA events w2 batch ["b1"]
         > RDATA events w1 batch ["a2"]
@@ -325,8 +325,9 @@ fn position_with_nothing_missed_advances() {
     let script = run(
         "f1",
         r#"
-        > !seed to_device master 5
         > !connect
+        > POSITION to_device master 5 5
+        < started to_device master 5
         > POSITION to_device master 3 8
         < position to_device master 8
         # redundant: tokens of to_device only grow
@@ -343,9 +344,9 @@ fn a_gap_is_caught_up_in_pages_while_the_writer_waits() {
     run(
         "f1",
         r#"
-        > !seed events w1 10
         > !connect
         > POSITION events w1 10 10
+        < started events w1 10
         > RDATA events w1 11 ["a"]
         < rows events w1 11 ["a"]
         > POSITION events w1 14 20
@@ -385,9 +386,9 @@ fn a_writer_restart_resets_typing() {
     run(
         "f1",
         r#"
-        > !seed typing w3 500
         > !connect
         > POSITION typing w3 500 500
+        < started typing w3 500
         > RDATA typing w3 501 ["!r:x",["@a:x"]]
         < rows typing w3 501 ["!r:x",["@a:x"]]
         # w3 restarted: its typing tokens start again from 0
@@ -405,9 +406,9 @@ fn a_reset_fetches_the_rows_of_the_new_life() {
     run(
         "f1",
         r#"
-        > !seed typing w3 500
         > !connect
         > POSITION typing w3 500 500
+        < started typing w3 500
         # w3 restarted and wrote up to 3 before we heard of it
         > POSITION typing w3 3 3
         < reset typing w3 500 -> 3
@@ -586,11 +587,11 @@ fn a_full_queue_is_folded_and_nothing_is_lost() {
     let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
     script.run(
         r#"
-        > !seed events w1 0
-        > !seed events w2 0
         > !connect
         > POSITION events w1 0 0
+        < started events w1 0
         > POSITION events w2 0 0
+        < started events w2 0
         > POSITION events w1 2 5
         < catch-up #1 events w1 (0, 5]
         > RDATA events w1 6 ["a6"]
@@ -611,7 +612,8 @@ fn a_full_queue_is_folded_and_nothing_is_lost() {
         > !page 1 {"updates":[[3,["a3"]]],"upto_token":5,"limited":false}
         < rows events w1 3 ["a3"] [catch-up]
         < position events w1 5
-        < catch-up #2 events w1 (5, 7]
+        # from the last row, not the position: rows in (3, 5] would refute it
+        < catch-up #2 events w1 (3, 7]
         > !page 2 {"updates":[[6,["a6"]],[7,["a7"]]],"upto_token":7,"limited":false}
         < rows events w1 6 ["a6"] [catch-up]
         < rows events w1 7 ["a7"] [catch-up]
@@ -635,9 +637,9 @@ fn a_full_batch_is_cut_and_fetched_whole() {
     let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
     script.run(
         r#"
-        > !seed caches master 0
         > !connect
         > POSITION caches master 0 0
+        < started caches master 0
         > RDATA caches master batch ["a"]
         > RDATA caches master batch ["b"]
         > RDATA caches master batch ["c"]
@@ -662,9 +664,9 @@ fn the_byte_budget_bounds_batches_and_queues() {
     let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
     script.run(
         r#"
-        > !seed caches master 0
         > !connect
         > POSITION caches master 0 0
+        < started caches master 0
         > RDATA caches master batch ["0123456789"]
         > ?pairs
         < pairs 1
@@ -706,7 +708,7 @@ fn a_disconnection_during_a_catch_up_drops_what_waited() {
         > ?connected events w1
         < connected false
         > POSITION events w1 5 5
-        < catch-up #2 events w1 (3, 5]
+        < catch-up #2 events w1 (1, 5]
         "#,
     );
     assert_eq!(script.follower.counters().dropped_on_disconnect, 1);
@@ -743,6 +745,8 @@ fn stream_position_is_the_minimum_over_writers() {
         < stream-pos 3
         > !connect
         > POSITION events w2 3 9
+        < catch-up #1 events w2 (3, 9]
+        > !page 1 {"updates":[],"upto_token":9,"limited":false}
         < position events w2 9
         > ?stream events
         < stream-pos 5
@@ -808,9 +812,9 @@ fn history_batch_cut_by_a_disconnect() {
     let script = run(
         "f1",
         r#"
-        > !seed caches master 7
         > !connect
         > POSITION caches master 7 7
+        < started caches master 7
         > RDATA caches master batch ["a",null,1]
         > RDATA caches master batch ["b",null,1]
         > !disconnect
@@ -849,11 +853,11 @@ fn history_duplicated_and_reordered_commands_across_writers() {
     run(
         "f1",
         r#"
-        > !seed events w1 0
-        > !seed events w2 0
         > !connect
         > POSITION events w2 0 0
+        < started events w2 0
         > POSITION events w1 0 0
+        < started events w1 0
         > RDATA events w2 2 ["w2-2"]
         < rows events w2 2 ["w2-2"]
         > RDATA events w1 1 ["w1-1"]
@@ -884,7 +888,9 @@ fn history_a_position_storm_from_20_writers() {
     }
     f.connected();
     // Three rounds of every writer answering REPLICATE; writer i says it
-    // wrote nothing between i/2 and i, so from c02 on rows are missing.
+    // wrote nothing between i/2 and i, so from c02 on rows are missing,
+    // and c01's move is checked (as every writer's first move on a new
+    // connection).
     for _ in 0..3 {
         for i in 0..20 {
             let line = format!("POSITION caches c{i:02} {} {i}", i / 2);
@@ -915,7 +921,7 @@ fn history_a_position_storm_from_20_writers() {
             caught_up += 1;
         }
     }
-    assert_eq!(caught_up, 18);
+    assert_eq!(caught_up, 19);
     for i in 0..20 {
         assert_eq!(
             f.position(&StreamName::Caches, &name(&format!("c{i:02}"))),
@@ -924,7 +930,9 @@ fn history_a_position_storm_from_20_writers() {
         assert!(f.is_writer_connected(&StreamName::Caches, &name(&format!("c{i:02}"))));
     }
     assert_eq!(f.stream_position(&StreamName::Caches), Some(Token(0)));
-    assert_eq!(f.counters().positions_discarded, 40);
+    // c00 never moves, so it stays to be checked: its repeats are
+    // processed rather than discarded.
+    assert_eq!(f.counters().positions_discarded, 38);
     assert_eq!(f.tracked_pairs(), 20);
 }
 
@@ -1021,10 +1029,12 @@ fn deployment_caches_answers_beyond_the_range_are_accepted() {
         > !page 2 {"updates":[[107,["a",null,1]],[121,["b",null,1]]],"upto_token":121,"limited":true}
         < rows caches w1 107 ["a",null,1] [catch-up]
         < position caches w1 120
-        # rows at or below the start were delivered already
+        # catch-ups start at the last row delivered: 118 is new (a row
+        # committed late, say), 107 is not
         > POSITION caches w1 125 130
-        < catch-up #3 caches w1 (120, 130]
-        > !page 3 {"updates":[[118,["c",null,1]],[121,["b",null,1]],[126,["d",null,1]]],"upto_token":126,"limited":true}
+        < catch-up #3 caches w1 (107, 130]
+        > !page 3 {"updates":[[107,["a",null,1]],[118,["c",null,1]],[121,["b",null,1]],[126,["d",null,1]]],"upto_token":126,"limited":true}
+        < rows caches w1 118 ["c",null,1] [catch-up]
         < rows caches w1 121 ["b",null,1] [catch-up]
         < rows caches w1 126 ["d",null,1] [catch-up]
         < catch-up #4 caches w1 (126, 130]
@@ -1038,13 +1048,13 @@ fn a_failing_catch_up_holds_back_only_its_writer() {
     run(
         "f1",
         r#"
-        > !seed caches w1 10
-        > !seed caches w2 10
-        > !seed events w1 0
         > !connect
         > POSITION caches w1 10 10
+        < started caches w1 10
         > POSITION caches w2 10 10
+        < started caches w2 10
         > POSITION events w1 0 0
+        < started events w1 0
         > POSITION caches w1 15 20
         < catch-up #1 caches w1 (10, 20]
         > !failed 1
@@ -1074,15 +1084,17 @@ fn deployment_a_writer_blip_is_caught_up_after_replicate() {
     // What Synapse 1.163.2's event persister w1 publishes after losing its
     // own Redis connections while it persisted events 12 to 14 (those RDATA
     // never reached Redis): REPLICATE, RDATA at its latest token, then
-    // POSITION prev=new. w2 answers the REPLICATE with its position.
+    // POSITION prev=new. w2 answers the REPLICATE with its position, which
+    // proves nothing (any process may send it ahead of w2's): w2's next
+    // row is checked too.
     let script = run(
         "f1",
         r#"
-        > !seed events w1 10
-        > !seed events w2 30
         > !connect
         > POSITION events w1 10 10
+        < started events w1 10
         > POSITION events w2 30 30
+        < started events w2 30
         > RDATA events w1 11 ["ev","$11"]
         < rows events w1 11 ["ev","$11"]
         > REPLICATE
@@ -1091,19 +1103,22 @@ fn deployment_a_writer_blip_is_caught_up_after_replicate() {
         > POSITION events w1 15 15
         > POSITION events w2 30 30
         > RDATA events w2 31 ["ev","$31"]
-        < rows events w2 31 ["ev","$31"]
+        < catch-up #2 events w2 (30, 31]
         > !page 1 {"updates":[[12,["ev","$12"]],[13,["ev","$13"]],[14,["ev","$14"]],[15,["ev","$15"]]],"upto_token":15,"limited":false}
         < rows events w1 12 ["ev","$12"] [catch-up]
         < rows events w1 13 ["ev","$13"] [catch-up]
         < rows events w1 14 ["ev","$14"] [catch-up]
         < rows events w1 15 ["ev","$15"] [catch-up]
         < position events w1 15
+        > !page 2 {"updates":[[31,["ev","$31"]]],"upto_token":31,"limited":false}
+        < rows events w2 31 ["ev","$31"] [catch-up]
+        < position events w2 31
         # once checked, the writer's rows apply live again
         > RDATA events w1 16 ["ev","$16"]
         < rows events w1 16 ["ev","$16"]
         "#,
     );
-    assert_eq!(script.follower.counters().unproven_checked, 1);
+    assert_eq!(script.follower.counters().unproven_checked, 2);
 }
 
 #[test]
@@ -1111,25 +1126,30 @@ fn after_replicate_a_position_is_checked_whatever_its_prev() {
     run(
         "f1",
         r#"
-        > !seed events w1 10
         > !connect
         > POSITION events w1 10 10
+        < started events w1 10
         # without a REPLICATE, prev <= current <= new proves nothing missed
         > POSITION events w1 10 12
         < position events w1 12
         > REPLICATE
         # after one it does not: the writer may have lost rows it published
+        # (fetched from the last row: 12 was only claimed)
         > POSITION events w1 12 14
-        < catch-up #1 events w1 (12, 14]
+        < catch-up #1 events w1 (10, 14]
         > !page 1 {"updates":[[13,["ev","$13"]]],"upto_token":14,"limited":false}
         < rows events w1 13 ["ev","$13"] [catch-up]
         < position events w1 14
-        # a POSITION at the follower's own position proves that nothing
-        # the writer wrote before it was lost
+        # nor does a POSITION at the follower's own position, which any
+        # process may send ahead of the writer's: its next move is checked
         > REPLICATE
         > POSITION events w1 14 14
         > POSITION events w1 14 16
+        < catch-up #2 events w1 (13, 16]
+        > !page 2 {"updates":[],"upto_token":16,"limited":false}
         < position events w1 16
+        > POSITION events w1 16 17
+        < position events w1 17
         "#,
     );
 }
@@ -1174,7 +1194,7 @@ fn a_replicate_keeps_its_place_among_held_commands() {
         > RDATA events w1 21 ["a21"]
         > !page 3 {"updates":[],"upto_token":15,"limited":false}
         < position events w1 15
-        < catch-up #4 events w1 (15, 18]
+        < catch-up #4 events w1 (10, 18]
         > !page 4 {"updates":[[16,["a16"]],[17,["a17"]],[18,["a18"]]],"upto_token":18,"limited":false}
         < rows events w1 16 ["a16"] [catch-up]
         < rows events w1 17 ["a17"] [catch-up]
@@ -1191,11 +1211,11 @@ fn a_row_that_cannot_be_read_is_fetched_not_stepped_over() {
     let script = run(
         "f1",
         r#"
-        > !seed events w1 10
-        > !seed events w2 20
         > !connect
         > POSITION events w1 10 10
+        < started events w1 10
         > POSITION events w2 20 20
+        < started events w2 20
         # the writer and token are readable: the row is fetched at once
         > !lost RDATA events w1 11 ["ev",NaN]
         < catch-up #1 events w1 (10, 11]
@@ -1246,6 +1266,72 @@ fn a_row_that_cannot_be_read_is_fetched_not_stepped_over() {
 }
 
 #[test]
+fn a_forged_announcement_before_the_writer_s_own_hides_no_row() {
+    // After the follower reconnects, a forged POSITION at its own position
+    // reaches it before w1's answer, and w1's next row comes before that
+    // answer too: rows 12 to 14, published while the follower was away,
+    // are fetched all the same.
+    run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION events w1 10 10
+        < started events w1 10
+        > RDATA events w1 11 ["ev","$11"]
+        < rows events w1 11 ["ev","$11"]
+        > !disconnect
+        > !connect
+        > POSITION events w1 11 11
+        > ?connected events w1
+        < connected true
+        > RDATA events w1 15 ["ev","$15"]
+        < catch-up #1 events w1 (11, 15]
+        > !page 1 {"updates":[[12,["ev","$12"]],[13,["ev","$13"]],[14,["ev","$14"]],[15,["ev","$15"]]],"upto_token":15,"limited":false}
+        < rows events w1 12 ["ev","$12"] [catch-up]
+        < rows events w1 13 ["ev","$13"] [catch-up]
+        < rows events w1 14 ["ev","$14"] [catch-up]
+        < rows events w1 15 ["ev","$15"] [catch-up]
+        < position events w1 15
+        # checked: its rows apply live again
+        > RDATA events w1 16 ["ev","$16"]
+        < rows events w1 16 ["ev","$16"]
+        # the same after a REPLICATE, with an announcement claiming the
+        # range above: fetched
+        > REPLICATE
+        > POSITION events w1 16 18
+        < catch-up #2 events w1 (16, 18]
+        "#,
+    );
+}
+
+#[test]
+fn a_forged_claim_whose_refuting_rows_were_lost_hides_no_row() {
+    // A forged POSITION claims (11, 20] empty; w1's rows 12 and 13, which
+    // would refute it, are lost with the connection. The catch-up on the
+    // new connection starts at the last row delivered, not at the claim.
+    run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION events w1 10 10
+        < started events w1 10
+        > RDATA events w1 11 ["ev","$11"]
+        < rows events w1 11 ["ev","$11"]
+        > POSITION events w1 11 20
+        < position events w1 20
+        > !disconnect
+        > !connect
+        > POSITION events w1 21 21
+        < catch-up #1 events w1 (11, 21]
+        > !page 1 {"updates":[[12,["ev","$12"]],[13,["ev","$13"]]],"upto_token":21,"limited":false}
+        < rows events w1 12 ["ev","$12"] [catch-up]
+        < rows events w1 13 ["ev","$13"] [catch-up]
+        < position events w1 21
+        "#,
+    );
+}
+
+#[test]
 fn a_forged_row_ahead_hides_no_row_lost_with_a_connection() {
     // A forged row lands ahead of w1 and jumps over tokens w1 had not
     // reached. The follower's connection drops while w1 writes in them;
@@ -1256,9 +1342,9 @@ fn a_forged_row_ahead_hides_no_row_lost_with_a_connection() {
     let script = run(
         "master",
         r#"
-        > !seed caches w1 0
         > !connect
         > POSITION caches w1 0 0
+        < started caches w1 0
         > RDATA caches w1 12 ["forged"]
         < rows caches w1 12 ["forged"]
         > !disconnect
@@ -1293,9 +1379,9 @@ fn a_catch_up_settles_the_tokens_a_forged_row_jumped_over() {
     run(
         "master",
         r#"
-        > !seed caches w1 0
         > !connect
         > POSITION caches w1 0 0
+        < started caches w1 0
         > RDATA caches w1 12 ["forged"]
         < rows caches w1 12 ["forged"]
         > POSITION caches w1 0 6
@@ -1363,9 +1449,9 @@ fn a_forged_row_inside_what_another_jumped_over_hides_no_row() {
     let script = run(
         "master",
         r#"
-        > !seed caches w1 0
         > !connect
         > POSITION caches w1 0 0
+        < started caches w1 0
         > RDATA caches w1 5 ["forged"]
         < rows caches w1 5 ["forged"]
         > RDATA caches w1 4 ["forged"]
@@ -1399,9 +1485,9 @@ fn a_contradiction_with_nothing_between_asks_for_nothing() {
     let script = run(
         "master",
         r#"
-        > !seed caches w1 0
         > !connect
         > POSITION caches w1 0 0
+        < started caches w1 0
         > RDATA caches w1 1 ["c","1"]
         < rows caches w1 1 ["c","1"]
         > POSITION caches w1 1 2
@@ -1427,11 +1513,11 @@ fn a_far_claim_that_synapse_confirms_hides_no_row() {
     run(
         "master",
         r#"
-        > !seed events w1 0
-        > !seed events w2 0
         > !connect
         > POSITION events w1 0 0
+        < started events w1 0
         > POSITION events w2 0 0
+        < started events w2 0
         > RDATA events w1 1 ["ev","$1"]
         < rows events w1 1 ["ev","$1"]
         > RDATA events w2 2 ["ev","$2"]
@@ -1471,9 +1557,9 @@ fn forged_rows_that_jump_twice_hide_no_row() {
     run(
         "master",
         r#"
-        > !seed events w1 0
         > !connect
         > POSITION events w1 0 0
+        < started events w1 0
         > RDATA events w1 1000 ["forged",1000]
         < rows events w1 1000 ["forged",1000]
         > RDATA events w1 1002 ["forged",1002]
@@ -1514,9 +1600,9 @@ fn forged_rows_at_the_writer_s_next_tokens_hide_no_row() {
     run(
         "master",
         r#"
-        > !seed events w1 0
         > !connect
         > POSITION events w1 0 0
+        < started events w1 0
         > RDATA events w1 1 ["ev","$1"]
         < rows events w1 1 ["ev","$1"]
         > RDATA events w1 2 ["forged",2]

@@ -48,7 +48,8 @@
 //! // ...and a worker follows it.
 //! let mut follower = Follower::new(InstanceName::from("worker1"), registry);
 //! follower.set_position(&StreamName::Typing, &InstanceName::master(), Token(0))?;
-//! follower.connected();
+//! // Commands straight from the writer: no other process speaks here.
+//! follower.connected_direct();
 //! while let Some(command) = writer.poll_command() {
 //!     follower.handle_command(command);
 //! }

@@ -81,14 +81,17 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// `REPLICATE`, may publish `RDATA` at its latest token, then
 /// `POSITION t t`; nothing on the wire shows the gap, and Synapse's own
 /// followers lose those rows. This follower does not: a `REPLICATE` (which
-/// names no sender) makes the next command of every writer unproven. Its
-/// next numbered `RDATA` above its position is fetched by a catch-up up to
-/// that token instead of being applied, and its next `POSITION` above its
-/// position is caught up to whatever its `prev` says. Commands held behind
-/// a catch-up keep their place relative to the `REPLICATE`. The cost is at
-/// most one catch-up per writer that moves forward right after a
-/// `REPLICATE`; what a writer publishes after its `REPLICATE` reaches every
-/// connected subscriber, so one check per writer is enough. Any process
+/// names no sender), and this follower's own new connection, make every
+/// writer unproven until its next move is checked. Its next numbered
+/// `RDATA` above its position is fetched by a catch-up up to that token
+/// instead of being applied, and its next `POSITION` above its position is
+/// caught up to whatever its `prev` says. A `POSITION` at its position
+/// proves nothing (any process may send one ahead of the writer's own):
+/// the writer stays unproven. Commands held behind a catch-up keep their
+/// place relative to the `REPLICATE`. The cost is at most one catch-up per
+/// writer that moves after a `REPLICATE` or a reconnection; what a writer
+/// publishes after its `REPLICATE` reaches every connected subscriber, so
+/// one check per writer is enough. Any process
 /// may publish `REPLICATE`, in a loop too: with
 /// [`Follower::handle_replicate_in`] (what the Redis session calls) a
 /// writer is checked by a catch-up at most once an interval, those that
@@ -117,6 +120,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   either: that row or the announcement was forged, and what it claims
 ///   is fetched (the rows that would refute it may be lost with a
 ///   connection).
+/// - Catch-ups start at the last row delivered, not at the position: what
+///   a `POSITION` claimed (or a writer's answer confirmed) above it is
+///   asked again, so a false claim whose refuting rows were lost with a
+///   connection hides nothing. A writer's answer holds only its own rows,
+///   so this costs no rows, only a wider range in its query.
 /// - A catch-up answer that stops short of what was asked (`upto` below
 ///   `to`, not limited) says the writer is not there: the follower takes
 ///   that, not the request. [`History`](super::History), the crate's own
@@ -170,12 +178,10 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// next tokens *one after the other*, ahead of the writer's own (no token
 /// jumped over): a row of the writer's at the first of them then arrives
 /// below the last row at a token whose rows are no longer known, and is
-/// taken as a duplicate; and, in
-/// the moment after this follower (re)connects, announce a writer before
-/// the writer does: an announcement at the follower's own position, or
-/// one claiming the range above it, hides the rows that writer wrote
-/// while the follower was away (Synapse's followers lose those rows with
-/// no forgery at all). On streams whose tokens restart (`typing`, ...), a
+/// taken as a duplicate. Announcing a writer before the writer does,
+/// after this follower (re)connects or after a `REPLICATE`, hides
+/// nothing: the writer's next move is checked whatever was announced (see
+/// "A writer that lost its own connection"). On streams whose tokens restart (`typing`, ...), a
 /// forged `POSITION` below the position is taken as a restart, as
 /// Synapse takes it. The model test's adversary forges every other kind
 /// of line, at any token (runs of rows ahead that jump over the
@@ -262,10 +268,33 @@ impl Follower {
         }
     }
 
-    /// A connection is ready: commands handled from now on belong to it.
+    /// A connection to a shared bus (Redis) is ready: commands handled
+    /// from now on belong to it. What a writer published while this
+    /// follower was away is lost, and any process may speak in its name
+    /// before it answers, so every writer's next move is checked by a
+    /// catch-up, as after a `REPLICATE`.
     ///
     /// Calling it while connected counts as a disconnection first.
     pub fn connected(&mut self) {
+        self.connect();
+        for stream in self.streams.all_mut() {
+            for w in &mut stream.writers {
+                w.unproven = w.position.is_some();
+            }
+        }
+    }
+
+    /// A connection straight to the writer is ready (Synapse's direct TCP
+    /// replication): only the writer speaks on it, so its announcements
+    /// are taken as they come, with no check as on a shared bus
+    /// ([`Follower::connected`]).
+    ///
+    /// Calling it while connected counts as a disconnection first.
+    pub fn connected_direct(&mut self) {
+        self.connect();
+    }
+
+    fn connect(&mut self) {
         if self.ctx.connected {
             self.disconnected();
         }
@@ -795,15 +824,16 @@ impl Follower {
         }
     }
 
-    /// Whether `writer`'s next `RDATA` on `stream` would be applied as it
-    /// comes: it announced itself on this connection, no catch-up of it is
-    /// outstanding, and no `REPLICATE` came since its last command (see
-    /// "A writer that lost its own connection" above).
+    /// Whether `writer` announced itself on `stream` on this connection
+    /// and no catch-up of it is outstanding: its rows are taken as they
+    /// come (after a `REPLICATE` or a reconnection, its next move is
+    /// checked by a catch-up first: see "A writer that lost its own
+    /// connection" above).
     pub fn is_writer_connected(&self, stream: &StreamName, writer: &InstanceName) -> bool {
         self.streams
             .find(stream)
             .and_then(|s| s.writer(writer))
-            .is_some_and(|w| w.connected && !w.unproven && self.ctx.connected)
+            .is_some_and(|w| w.connected && self.ctx.connected)
     }
 
     /// The catch-ups waiting for an answer (at most one per stream and

@@ -419,15 +419,15 @@ impl WriterState {
         token <= self.floor && !self.holes.contains(token)
     }
 
-    /// Where a catch-up up to `token`, a row not stale, starts: the
-    /// position, or below it the rows delivered (a `POSITION` claimed the
-    /// range, and a row says otherwise), or the bottom of the hole it
-    /// lies in.
+    /// Where a catch-up up to `token`, a row not stale, starts: the last
+    /// row delivered (not the position: a `POSITION` only claimed the
+    /// range above it, and the rows that would refute a false claim may
+    /// be lost with a connection), or the bottom of the hole it lies in.
     fn gap_start(&self, token: Token) -> Token {
-        match self.position {
-            Some(position) if token > position => position,
-            _ if token > self.floor => self.floor,
-            _ => self.holes.around(token).map_or(self.floor, |(low, _)| low),
+        if token > self.floor {
+            self.floor
+        } else {
+            self.holes.around(token).map_or(self.floor, |(low, _)| low)
         }
     }
 
@@ -997,7 +997,8 @@ impl StreamState {
             // says which rows are real.
             ctx.counters.jumps_checked += 1;
             w.clear_batch(ctx);
-            self.start_catch_up(wi, position, token, ctx);
+            let from = w.floor;
+            self.start_catch_up(wi, from, token, ctx);
             return;
         }
         let rows = w.take_rows(rdata.row, ctx);
@@ -1159,7 +1160,6 @@ impl StreamState {
         // the ranges a live row jumped over, still open: the writer's
         // first announcement on the new connection fetches them.
         let recheck = !was_connected && w.holes.lowest_below(new).is_some();
-        w.unproven = false;
         // A writer's `prev` is never below a row it published: this
         // announcement or the last row delivered was forged. Neither is
         // taken: the writer's answer says what lies between (rows that
@@ -1190,6 +1190,9 @@ impl StreamState {
             && !recheck
             && (current == new || (!contradicted && trusted && prev <= current))
         {
+            // An unproven writer stays so: an announcement that moves
+            // nothing proves nothing (any process may send it ahead of the
+            // writer's own), so its next row is checked.
             w.position = Some(new);
             w.connected = ctx.connected;
             if new != original {
@@ -1197,7 +1200,10 @@ impl StreamState {
             }
             return;
         }
-        self.start_catch_up(wi, current, new, ctx);
+        w.unproven = false;
+        // From the rows, not the position: see `gap_start`.
+        let from = w.floor;
+        self.start_catch_up(wi, from, new, ctx);
     }
 
     /// Reports that writer `wi` reached `token`.

@@ -180,7 +180,7 @@ impl TcpClientSession {
                 break;
             }
         }
-        self.follower.connected();
+        self.follower.connected_direct();
         self.drain_follower();
     }
 
