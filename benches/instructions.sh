@@ -45,7 +45,8 @@ figure="$(awk -v t="$total" -v m="$messages" 'BEGIN { printf "%.1f", t / m }')"
 echo "receive path: $figure instructions a message ($total over $messages messages)"
 
 if [ "${1:-}" = "--update" ]; then
-    echo "$figure" >"$baseline_file"
+    printf '# Instructions a message of the receive path: benches/instructions.sh --update\n%s\n' \
+        "$figure" >"$baseline_file"
     echo "written to $baseline_file"
     exit 0
 fi

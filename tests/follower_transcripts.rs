@@ -1305,6 +1305,37 @@ fn a_forged_announcement_before_the_writer_s_own_hides_no_row() {
 }
 
 #[test]
+fn a_forged_row_that_closes_a_batch_repeats_none_of_its_rows() {
+    // A row forged ahead closes w1's open batch: its rows are delivered
+    // with it. w1's own numbered row then comes below it, and its rows
+    // are fetched: the batch's rows, first at that token in the answer,
+    // are not delivered again.
+    run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION events w1 10 10
+        < started events w1 10
+        > RDATA events w1 batch ["b1"]
+        > RDATA events w1 batch ["b2"]
+        > RDATA events w1 14 ["forged"]
+        < rows events w1 14 ["b1"] ["b2"] ["forged"]
+        > RDATA events w1 11 ["a11"]
+        < catch-up #1 events w1 (10, 11]
+        > !page 1 {"updates":[[11,["b1"]],[11,["b2"]],[11,["a11"]]],"upto_token":11,"limited":false}
+        < rows events w1 11 ["a11"] [catch-up]
+        < position events w1 14
+        # below the forged row: fetched, as every row of w1's there
+        > RDATA events w1 12 ["a12"]
+        < catch-up #2 events w1 (11, 12]
+        > !page 2 {"updates":[[12,["a12"]]],"upto_token":12,"limited":false}
+        < rows events w1 12 ["a12"] [catch-up]
+        < position events w1 14
+        "#,
+    );
+}
+
+#[test]
 fn a_forged_claim_whose_refuting_rows_were_lost_hides_no_row() {
     // A forged POSITION claims (11, 20] empty; w1's rows 12 and 13, which
     // would refute it, are lost with the connection. The catch-up on the

@@ -38,13 +38,11 @@
 //! and no loss is exempted: every row of every writer arrives, once, in
 //! order, whatever the forged lines. Announcements are forged at any
 //! moment, before the writer's own on a new connection or after a
-//! `REPLICATE` too. Two exemptions are left: the adversary forges no row
-//! at a token the writer then writes (the writer skips it): one there
-//! whose writer's own row is lost in transit can put the writer's later
-//! rows ahead of it (delivered, but out of order); and no numbered row
-//! while the writer's batch is open to the follower (it closes the
-//! batch: the batch's rows are delivered under the forged token, and
-//! again when fetched with their own).
+//! `REPLICATE` too, and numbered rows while a writer's batch is open
+//! (closing it). One exemption is left: the adversary forges no row at a
+//! token the writer then writes (the writer skips it): one there whose
+//! writer's own row is lost in transit can put the writer's later rows
+//! ahead of it (delivered, but out of order).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 512); `MODEL_TRACE=1`
 //! prints every delivery and event.
@@ -228,10 +226,6 @@ struct World {
     /// the token of a row the writer writes next, and loses in transit,
     /// can put the writer's later rows ahead of it.
     reserved: HashSet<(StreamName, Option<usize>, i64)>,
-    /// (sender, receiver) whose last delivered command was a `batch` row:
-    /// a forged numbered row then would close the writer's batch, whose
-    /// rows would come under its token (see the follower's docs).
-    open_batches: HashSet<(usize, usize)>,
 }
 
 /// Whether a row is the adversary's.
@@ -286,7 +280,6 @@ impl World {
             sequences: HashMap::new(),
             forged: HashSet::new(),
             reserved: HashSet::new(),
-            open_batches: HashSet::new(),
         };
         // Everyone subscribes, then everyone asks and announces.
         for process in &mut world.processes {
@@ -520,13 +513,6 @@ impl World {
                     command.to_bytes().unwrap()
                 );
             }
-            if let Command::Rdata(rdata) = &command {
-                if rdata.token == RdataToken::Batch {
-                    self.open_batches.insert((from, to));
-                } else {
-                    self.open_batches.remove(&(from, to));
-                }
-            }
             let process = &mut self.processes[to];
             process.writer.handle_command(&command, now);
             process.follower.handle_command(command);
@@ -563,9 +549,6 @@ impl World {
     /// follower keeps the last 32 ranges jumped over).
     fn forge(&mut self, to: usize, w: usize, s: usize, kind: u8, amount: u8) {
         if to == w || !self.processes[to].up {
-            return;
-        }
-        if matches!(kind, 2 | 3 | 5) && self.open_batches.contains(&(w, to)) {
             return;
         }
         let streams: Vec<StreamName> = streams_of(w)

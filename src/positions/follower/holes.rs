@@ -51,6 +51,21 @@ struct Hole {
     /// fingerprint is not a duplicate: the one that opened the range may
     /// have been forged at the very token of a row of the writer's.
     prints: [u64; PRINTS],
+    /// The open batch the row that opened the range closed, if any: how
+    /// many rows, and their fingerprint together ([`Batch`]).
+    batch: Option<Batch>,
+}
+
+/// The `batch` rows a numbered row closed, delivered with it: if that
+/// row was forged ahead of the writer's own, they are the writer's rows
+/// at a token inside the range, and its answer gives them again, first
+/// among the rows at that token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Batch {
+    /// How many rows.
+    pub(super) rows: usize,
+    /// Their fingerprints, in order, mixed into one.
+    pub(super) print: u64,
 }
 
 impl Holes {
@@ -100,6 +115,35 @@ impl Holes {
         }
     }
 
+    /// The batch delivered at the top of the range `token` lies strictly
+    /// inside, if any.
+    pub(super) fn batch_around(&self, token: Token) -> Option<Batch> {
+        self.ranges
+            .iter()
+            .find(|hole| hole.low < token && token < hole.high)
+            .and_then(|hole| hole.batch)
+    }
+
+    /// Records that the row delivered live at `token`, the top of the
+    /// last range, closed `batch`.
+    pub(super) fn note_batch(&mut self, token: Token, batch: Batch) {
+        if let Some(hole) = self.ranges.last_mut().filter(|hole| hole.high == token) {
+            hole.batch = Some(batch);
+        }
+    }
+
+    /// Forgets the batch of the range `token` lies inside: its rows were
+    /// found again at `token`.
+    pub(super) fn forget_batch_around(&mut self, token: Token) {
+        if let Some(hole) = self
+            .ranges
+            .iter_mut()
+            .find(|hole| hole.low < token && token < hole.high)
+        {
+            hole.batch = None;
+        }
+    }
+
     /// Whether `token` lies strictly inside a range.
     pub(super) fn contains(&self, token: Token) -> bool {
         self.around(token).is_some()
@@ -131,7 +175,12 @@ impl Holes {
         if self.ranges.len() >= MAX_HOLES {
             self.ranges.remove(0);
         }
-        self.ranges.push(Hole { low, high, prints });
+        self.ranges.push(Hole {
+            low,
+            high,
+            prints,
+            batch: None,
+        });
     }
 
     /// A row of the writer's own answer arrived at `token`: the answer

@@ -170,8 +170,9 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// delay rows and make the follower fetch (each refuted claim, each
 /// writer's row below a forged one, costs a catch-up); close a writer's
 /// open batch with a forged numbered row (the batch's rows are then
-/// delivered under the forged token, and once more with their own if a
-/// catch-up later fetches them); send more than 32 rows ahead of the
+/// delivered under the forged token, once: when a catch-up fetches them
+/// again with their own numbered row, they are recognised and skipped);
+/// send more than 32 rows ahead of the
 /// writer, each jumping above the one before, so that the range the first
 /// jumped over is no longer kept when the writer's rows there come (they
 /// are then taken as stale); send more than 16 rows at the writer's

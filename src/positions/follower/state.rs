@@ -8,7 +8,7 @@ use crate::wire::{InstanceName, Position, RawRow, Rdata, RdataToken, StreamName,
 
 use super::super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
 use super::super::tokens_only_grow;
-use super::holes::{self, Holes};
+use super::holes::{self, Batch, Holes};
 use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowOrigin, Rows};
 
 /// State shared by every stream.
@@ -197,6 +197,13 @@ fn fingerprint(row: &[u8]) -> u64 {
     hash | 1
 }
 
+/// The fingerprints of `rows`, in order, mixed into one.
+fn batch_print(rows: &[RawRow]) -> u64 {
+    rows.iter().fold(0, |hash, row| {
+        (hash.rotate_left(5) ^ fingerprint(row.as_bytes())).wrapping_mul(0x517c_c1b7_2722_0a95)
+    })
+}
+
 /// Applies writer `w`'s row at `token`, one [`WriterState::in_order`]
 /// found in order (at `position`): the event takes the `RDATA`'s fields,
 /// moved once.
@@ -216,8 +223,12 @@ fn apply_in_order(
         ..
     } = rdata;
     let print = fingerprint(row.as_bytes());
+    let batch = w.closing_batch(token);
     let rows = w.take_rows(row, ctx);
     w.note_delivered_above(token, position, print);
+    if let Some(batch) = batch {
+        w.holes.note_batch(token, batch);
+    }
     raise(top, token);
     // Counted apart: side by side, the two counters are added as one
     // vector, which takes more instructions than two additions.
@@ -488,6 +499,16 @@ impl WriterState {
             self.batch.reserve_exact(4);
         }
         self.batch.push(row);
+    }
+
+    /// What a live row at `token` closes of the open batch, if it jumps
+    /// over tokens (see [`Batch`]).
+    #[inline]
+    fn closing_batch(&self, token: Token) -> Option<Batch> {
+        (!self.batch.is_empty() && token.0 > self.floor.0.saturating_add(1)).then(|| Batch {
+            rows: self.batch.len(),
+            print: batch_print(&self.batch),
+        })
     }
 
     /// The rows of a numbered `row`: the open batch's, then it.
@@ -1001,10 +1022,14 @@ impl StreamState {
             self.start_catch_up(wi, from, token, ctx);
             return;
         }
+        let batch = w.closing_batch(token);
         let rows = w.take_rows(rdata.row, ctx);
         ctx.counters.rdata_applied += 1;
         ctx.counters.rows_delivered += rows.len() as u64;
         self.delivered(wi, token, print, true, ctx);
+        if let (Some(batch), Some(w)) = (batch, self.writers.get_mut(wi)) {
+            w.holes.note_batch(token, batch);
+        }
         ctx.events.push_back(FollowerEvent::Rows {
             stream: rdata.stream,
             writer: rdata.instance,
@@ -1414,6 +1439,17 @@ impl StreamState {
             let mut rows = Rows::one(row);
             while let Some((_, row)) = updates.next_if(|(next, _)| *next == token) {
                 rows.push(row);
+            }
+            if let Some(batch) = w.holes.batch_around(token) {
+                if rows.len() > batch.rows && batch_print(&rows[..batch.rows]) == batch.print {
+                    // A row forged ahead closed the writer's batch: those
+                    // rows were delivered with it.
+                    w.holes.forget_batch_around(token);
+                    ctx.counters.catch_up_rows_skipped += batch.rows as u64;
+                    let mut kept = rows.into_vec();
+                    kept.drain(..batch.rows);
+                    rows = Rows::from(kept);
+                }
             }
             let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
             if w.is_stale(token) && w.contest(token, print) == Contest::Duplicate {
