@@ -89,12 +89,20 @@
 //! # fn main() {}
 //! ```
 
+mod account_data;
 mod caches;
 #[cfg(feature = "postgres")]
 mod client;
 mod store;
 mod streams;
 
+pub use account_data::{
+    AccountDataCatchUp, AccountDataCatchUpError, AccountDataError, AccountDataStore,
+    AccountDataTables, CLEAR_GLOBAL_SQL, CLEAR_ROOM_SQL, DELETE_ALL_IGNORED_USERS_SQL,
+    DELETE_IGNORED_USERS_SQL, DELETE_TAG_SQL, IGNORED_USERS_SQL, INSERT_IGNORED_USERS_SQL,
+    INSERT_TAG_REVISION_SQL, PendingAccountData, PublishRows, UPDATE_TAG_REVISION_SQL,
+    UPSERT_GLOBAL_SQL, UPSERT_ROOM_SQL, UPSERT_TAG_SQL, updated_account_data_sql,
+};
 pub use caches::{
     CacheInvalidations, CacheInvalidationsError, CachesCatchUp, CachesCatchUpError, CachesStore,
     MAX_INVALIDATION_ROWS, PendingInvalidations, UPDATED_CACHES_SQL, insert_invalidations_sql,
