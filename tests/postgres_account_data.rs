@@ -421,3 +421,121 @@ async fn catch_up_pages_are_the_pages_synapse_s_update_function_gives() {
     typing.stream = StreamName::Typing;
     assert!(source.fetch(typing).await.is_err());
 }
+
+/// Synapse's processes call the writer over HTTP: `HttpServer`'s typed
+/// handler calls `AccountDataStore::apply`, answers `max_stream_id` (and
+/// Synapse's refusal of ignoring oneself), and serves the stream's
+/// catch-up from the tables, as Synapse's writer answers.
+#[cfg(feature = "http-server")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_server_makes_the_changes_and_serves_their_catch_up() {
+    use futures::FutureExt;
+    use synapse_replication::http::{AccountDataAnswer, CatchUpEndpoint};
+    use synapse_replication::transport::{HttpServer, TokioRuntime};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let schema = synapse_schema();
+    let db = TestDb::create("synrep_acct", &schema).await;
+    let theirs = TestDb::create("synrep_acct", &schema).await;
+    let (store, _) = rust_writer(&db).await;
+    let store = Arc::new(store);
+    let writes = Arc::new(tokio::sync::Mutex::new(db.client().await));
+    let endpoint = CatchUpEndpoint::new(InstanceName::from(WRITER), Some("s3cret".into()))
+        .with_streams([StreamName::AccountData]);
+    let runtime = TokioRuntime::current().expect("on tokio");
+    let source = Arc::new(AccountDataCatchUp::new(db.client().await));
+    let positions = Arc::clone(&store);
+    let server = HttpServer::bind(runtime, "127.0.0.1:0", endpoint, source)
+        .await
+        .expect("bind")
+        .with_account_data("example.com", move |request| {
+            let (store, writes) = (Arc::clone(&store), Arc::clone(&writes));
+            async move {
+                let mut client = writes.lock().await;
+                store
+                    .apply(&mut client, &request)
+                    .await
+                    .map(|max_stream_id| AccountDataAnswer { max_stream_id })
+                    .map_err(|error| error.to_replication_error())
+            }
+            .boxed()
+        })
+        .with_positions(move || vec![(StreamName::AccountData, positions.position())]);
+    let addr = server.local_addr().expect("address");
+    let serving = tokio::spawn(server.run());
+
+    let send = |method: &'static str, path: String, body: String| async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {WRITER}:80\r\nAuthorization: Bearer s3cret\r\n\
+             Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("request");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("answer");
+        let answer = String::from_utf8(answer).expect("utf-8");
+        let status: u16 = answer[9..12].parse().expect("status");
+        let body = answer.split_once("\r\n\r\n").expect("a body").1.to_owned();
+        (status, body)
+    };
+    // As main calls: the body canonical JSON, with its positions.
+    let ignore = r#"{"_INT_STREAM_POS":{"instance_name":"master","streams":{}},"content":{"ignored_users":{"@spam:example.com":{}}}}"#;
+    let (status, body) = send(
+        "POST",
+        "/_synapse/replication/add_user_account_data/%40alice%3Aexample.com/m.ignored_user_list"
+            .into(),
+        ignore.into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(answer["max_stream_id"], json!(2));
+    assert_eq!(answer["_INT_STREAM_POS"]["account_data"], json!(2));
+    let myself = r#"{"_INT_STREAM_POS":{"instance_name":"master","streams":{}},"content":{"ignored_users":{"@alice:example.com":{}}}}"#;
+    let (status, body) = send(
+        "POST",
+        "/_synapse/replication/add_user_account_data/%40alice%3Aexample.com/m.ignored_user_list"
+            .into(),
+        myself.into(),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(r#""errcode":"M_INVALID_PARAM""#), "{body}");
+    assert!(body.contains("You cannot ignore yourself"), "{body}");
+
+    // The same two changes by Synapse's own writer: the same tables.
+    let expected = synapse_runs(
+        &theirs.name,
+        &[
+            json!({"op": "add_user", "user_id": "@alice:example.com",
+                   "type": "m.ignored_user_list",
+                   "content": {"ignored_users": {"@spam:example.com": {}}}}),
+            json!({"op": "add_user", "user_id": "@alice:example.com",
+                   "type": "m.ignored_user_list",
+                   "content": {"ignored_users": {"@alice:example.com": {}}}}),
+            json!({"op": "page", "from": 0, "to": 3}),
+        ],
+    );
+    assert_eq!(expected[0], json!({"max_stream_id": 2}));
+    let (a, b) = (db.client().await, theirs.client().await);
+    for table in ["account_data", "ignored_users", "stream_positions"] {
+        assert_eq!(
+            rows(&a, table, &[]).await,
+            rows(&b, table, &[]).await,
+            "{table}"
+        );
+    }
+    // Catch-up, as Synapse's processes fetch it.
+    let (status, body) = send(
+        "GET",
+        format!(
+            "/_synapse/replication/get_repl_stream_updates/account_data/AbC?from_token=0&upto_token=3"
+        ),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(Value::String(body), expected[2]);
+    serving.abort();
+}
