@@ -529,9 +529,8 @@ async fn http_server_makes_the_changes_and_serves_their_catch_up() {
     // Catch-up, as Synapse's processes fetch it.
     let (status, body) = send(
         "GET",
-        format!(
-            "/_synapse/replication/get_repl_stream_updates/account_data/AbC?from_token=0&upto_token=3"
-        ),
+        "/_synapse/replication/get_repl_stream_updates/account_data/AbC?from_token=0&upto_token=3"
+            .to_owned(),
         String::new(),
     )
     .await;

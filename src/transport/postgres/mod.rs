@@ -22,6 +22,10 @@
 //!   processes write them (`caches`), and [`CachesCatchUp`], their
 //!   catch-up served from the table as Synapse's writer serves it, both
 //!   on a [`CachesStore`].
+//! - [`AccountDataStore`]: Synapse's account-data writer on its tables
+//!   (the six changes, `ignored_users` and its invalidations,
+//!   `max_stream_id`), and [`AccountDataCatchUp`], the stream's catch-up
+//!   as Synapse's writer serves it, both on an [`AccountDataTables`].
 //! - `PostgresConnect` (feature `postgres`): a tokio-postgres client for
 //!   Synapse's `database` section, over a socket any
 //!   [`Runtime`](crate::transport::Runtime) opens (smol or tokio).
@@ -49,7 +53,8 @@
 //! | (cross-signing keys) | (not kept) | `e2e_cross_signing_keys_sequence` | `e2e_cross_signing_keys` |
 //!
 //! The id column is `stream_id` where not named, the writer's column
-//! `instance_name` everywhere.
+//! `instance_name` everywhere (Synapse's account-data writer leaves it
+//! `NULL` in its three tables; such rows count as persisted at startup).
 //!
 //! # Example
 //!
