@@ -19,7 +19,10 @@
 //! persisted in any order), and the position its writer may announce;
 //! [`CacheInvalidation`] and [`Outbox`] are what a writer of `caches`
 //! writes and when it may send it, [`caches_page`] the catch-up page
-//! Synapse's writer answers from its table.
+//! Synapse's writer answers from its table; [`AccountDataPage`] is the
+//! `account_data` page Synapse's writer builds from its three tables, and
+//! [`IgnoredUsersChange`] what `m.ignored_user_list` does to
+//! `ignored_users`.
 //!
 //! Both follow Synapse 1.163.2 (`replication/tcp/handler.py`,
 //! `replication/tcp/resource.py`), with the deliberate differences listed
@@ -64,6 +67,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod account_data;
 mod caches;
 mod catch_up;
 mod follower;
@@ -72,6 +76,10 @@ mod ids;
 mod waits;
 mod writer;
 
+pub use account_data::{
+    AccountDataPage, AccountDataQuery, AccountDataRow, AccountDataTable, IGNORED_USER_LIST,
+    IgnoreSelfError, IgnoredUsersChange, TAG_DATA_TYPE,
+};
 pub use caches::{CacheInvalidation, CacheInvalidationError, InvalidationRow, Outbox, caches_page};
 pub use catch_up::{
     BoxError, CatchUpError, CatchUpId, CatchUpPage, CatchUpPageError, CatchUpRequest,

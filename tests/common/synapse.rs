@@ -730,13 +730,21 @@ pub struct SynapseDeployment {
 impl SynapseDeployment {
     /// Starts main, `persisters` event persisters and a typing writer.
     pub fn start(persisters: usize) -> SynapseDeployment {
+        SynapseDeployment::start_with(persisters, &json!({}))
+    }
+
+    /// [`start`](Self::start), with `extra` merged into homeserver.yaml
+    /// (another process in `instance_map` and `stream_writers`, say: one
+    /// the test starts itself, once the deployment's database is ready).
+    pub fn start_with(persisters: usize, extra: &Value) -> SynapseDeployment {
         let python = synapse_python();
         let persisters = persisters.to_string();
+        let extra = extra.to_string();
         let (info, startup) = start_script(
             &python,
             &deployment_script(),
             "synapse-dep",
-            &["--persisters", &persisters],
+            &["--persisters", &persisters, "--config-json", &extra],
         );
         let text = |value: &Value, key: &str| -> String {
             value[key]
@@ -946,6 +954,16 @@ impl SynapseDeployment {
             json!({"typing": false})
         };
         SynapseDeployment::request_json("PUT", &url, Some(token), Some(&body))
+    }
+
+    /// Restarts one Synapse process (SIGTERM, then started again on the
+    /// same configuration); returns once it answers `/health` and is
+    /// subscribed to Redis. Its answer: `pid` (the new one: the
+    /// instance's [`DeploymentInstance::pid`] stays the first), `seconds`.
+    pub fn restart(&self, instance: &str) -> Value {
+        let mut command = self.script("restart");
+        command.args(["--instance", instance]);
+        json_output(&format!("deployment.py restart {instance}"), command, None)
     }
 
     /// Kills redis-server and starts a new one on the same port; returns

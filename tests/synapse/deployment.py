@@ -56,6 +56,11 @@ Synapse on SQLite.
         {"killed", "reconnected_after", "results": [{"status", "body",
         "before_reconnect"}]}.
 
+    deployment.py restart --dir DIR --instance NAME [--timeout S]
+        Stops one Synapse process (SIGTERM, SIGKILL after 10 s), starts it
+        again on the same configuration and waits until it answers /health
+        and is SUBSCRIBEd to Redis; prints {"pid", "seconds"}.
+
     deployment.py sql --dir DIR QUERY
         Runs QUERY on the deployment's database; prints the rows as one
         JSON list of lists.
@@ -557,6 +562,42 @@ def cmd_watchdog(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restart(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    directory = Path(args.dir).resolve()
+    state = load(args.dir)
+    name = args.instance
+    if name not in state["instances"]:
+        raise SystemExit(f"deployment: no instance {name}")
+    rig.stop_pid(state["pids"][name], 10.0)
+    configs = [directory / "homeserver.yaml"]
+    if name != "main":
+        configs.append(directory / f"{name}.yaml")
+    proc = spawn_synapse(directory, name, configs)
+    state["pids"][name] = proc.pid
+    state["instances"][name]["pid"] = proc.pid
+    save(directory, state)
+    port = state["instances"][name]["client_port"]
+    deadline = time.monotonic() + args.timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"deployment: {name} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"deployment: {name} not back after {args.timeout:.0f} s")
+        if healthy(port):
+            try:
+                clients = clients_by_instance(state)
+            except OSError:
+                clients = []
+            if any(c["instance"] == name and int(c.get("sub", "0")) > 0 for c in clients):
+                break
+        time.sleep(0.1)
+    sys.stdout.write(json.dumps({
+        "pid": proc.pid, "seconds": round(time.monotonic() - started, 2),
+    }) + "\n")
+    return 0
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     state = load(args.dir)
     url = state["instances"]["main"]["client_url"] + "/_synapse/admin/v1/register"
@@ -792,6 +833,12 @@ def main() -> int:
     blip.add_argument("--after", type=float, default=1.0,
                       help="seconds to go on sending once NAME is back")
     blip.set_defaults(run=cmd_blip)
+
+    restart_one = sub.add_parser("restart")
+    restart_one.add_argument("--dir", required=True)
+    restart_one.add_argument("--instance", required=True)
+    restart_one.add_argument("--timeout", type=float, default=START_TIMEOUT)
+    restart_one.set_defaults(run=cmd_restart)
 
     sql = sub.add_parser("sql")
     sql.add_argument("--dir", required=True)

@@ -22,6 +22,10 @@
 //!   processes write them (`caches`), and [`CachesCatchUp`], their
 //!   catch-up served from the table as Synapse's writer serves it, both
 //!   on a [`CachesStore`].
+//! - [`AccountDataStore`]: Synapse's account-data writer on its tables
+//!   (the six changes, `ignored_users` and its invalidations,
+//!   `max_stream_id`), and [`AccountDataCatchUp`], the stream's catch-up
+//!   as Synapse's writer serves it, both on an [`AccountDataTables`].
 //! - `PostgresConnect` (feature `postgres`): a tokio-postgres client for
 //!   Synapse's `database` section, over a socket any
 //!   [`Runtime`](crate::transport::Runtime) opens (smol or tokio).
@@ -49,7 +53,8 @@
 //! | (cross-signing keys) | (not kept) | `e2e_cross_signing_keys_sequence` | `e2e_cross_signing_keys` |
 //!
 //! The id column is `stream_id` where not named, the writer's column
-//! `instance_name` everywhere.
+//! `instance_name` everywhere (Synapse's account-data writer leaves it
+//! `NULL` in its three tables; such rows count as persisted at startup).
 //!
 //! # Example
 //!
@@ -89,12 +94,20 @@
 //! # fn main() {}
 //! ```
 
+mod account_data;
 mod caches;
 #[cfg(feature = "postgres")]
 mod client;
 mod store;
 mod streams;
 
+pub use account_data::{
+    AccountDataCatchUp, AccountDataCatchUpError, AccountDataError, AccountDataStore,
+    AccountDataTables, CLEAR_GLOBAL_SQL, CLEAR_ROOM_SQL, DELETE_ALL_IGNORED_USERS_SQL,
+    DELETE_IGNORED_USERS_SQL, DELETE_TAG_SQL, IGNORED_USERS_SQL, INSERT_IGNORED_USERS_SQL,
+    INSERT_TAG_REVISION_SQL, PendingAccountData, PublishRows, UPDATE_TAG_REVISION_SQL,
+    UPSERT_GLOBAL_SQL, UPSERT_ROOM_SQL, UPSERT_TAG_SQL, updated_account_data_sql,
+};
 pub use caches::{
     CacheInvalidations, CacheInvalidationsError, CachesCatchUp, CachesCatchUpError, CachesStore,
     MAX_INVALIDATION_ROWS, PendingInvalidations, UPDATED_CACHES_SQL, insert_invalidations_sql,

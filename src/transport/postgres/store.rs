@@ -247,6 +247,24 @@ impl<S: StreamIdStore> DatabaseIds<S> {
         Ok(position)
     }
 
+    /// Writes this writer's position as it stands now to
+    /// `stream_positions` (if the stream keeps it), as Synapse does after
+    /// each write that commits (`get_current_token_for_writer` of itself,
+    /// never moving the row down). For a caller that finished its ids
+    /// with [`with_ids`](Self::with_ids) under a lock of its own, to hand
+    /// rows over in order; [`persisted`](Self::persisted) does both.
+    pub async fn write_position(&self) -> Result<Token, DatabaseIdsError<S::Error>> {
+        let (own, position) =
+            self.with_ids(|stream_ids| (stream_ids.instance().clone(), stream_ids.own_position()));
+        if self.writes_positions {
+            self.store
+                .write_position(&self.stream, &own, position)
+                .await
+                .map_err(DatabaseIdsError::Database)?;
+        }
+        Ok(position)
+    }
+
     /// The transaction that would have written the rows of `ids` rolled
     /// back: they are finished, and nothing is written (Synapse keeps
     /// `stream_positions` at a row of this instance's). Returns the
