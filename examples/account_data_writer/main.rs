@@ -31,11 +31,12 @@
 //! `_load_current_ids` does. SIGTERM stops it gracefully (see
 //! `writer::Running::stop`).
 
-mod sigterm;
 pub mod writer;
 
 use std::process::ExitCode;
 
+use async_signal::{Signal, Signals};
+use futures::StreamExt;
 use serde_json::Value;
 use synapse_replication::config::SynapseConfig;
 
@@ -77,13 +78,15 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::er
         serde_json::from_str(&text).map_err(|error| format!("{path}: not JSON: {error}"))?;
     let synapse = SynapseConfig::from_value(config).map_err(|error| format!("{path}: {error}"))?;
 
-    sigterm::install();
+    // Caught from before the writer starts, so that none is missed.
+    let mut sigterm =
+        Signals::new([Signal::Term]).map_err(|error| format!("catching SIGTERM: {error}"))?;
     smol::block_on(async {
         let running = writer::start(&synapse, &instance, &listen)
             .await
             .map_err(|error| error.to_string())?;
         eprintln!("account-data writer: replication on {}", running.addr);
-        sigterm::received().await;
+        sigterm.next().await;
         eprintln!("account-data writer: SIGTERM, stopping");
         running.stop().await;
         Ok(())
