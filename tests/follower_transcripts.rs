@@ -1141,12 +1141,14 @@ fn after_replicate_a_position_is_checked_whatever_its_prev() {
         < rows events w1 13 ["ev","$13"] [catch-up]
         < position events w1 14
         # nor does a POSITION at the follower's own position, which any
-        # process may send ahead of the writer's: its next move is checked
+        # process may send ahead of the writer's: as the position rests on
+        # a claim (nothing was delivered at 14), it is checked at once
         > REPLICATE
         > POSITION events w1 14 14
+        < catch-up #2 events w1 (13, 14]
         > POSITION events w1 14 16
-        < catch-up #2 events w1 (13, 16]
-        > !page 2 {"updates":[],"upto_token":16,"limited":false}
+        > !page 2 {"updates":[],"upto_token":14,"limited":false}
+        < position events w1 14
         < position events w1 16
         > POSITION events w1 16 17
         < position events w1 17
@@ -1300,6 +1302,32 @@ fn a_forged_announcement_before_the_writer_s_own_hides_no_row() {
         > REPLICATE
         > POSITION events w1 16 18
         < catch-up #2 events w1 (16, 18]
+        "#,
+    );
+}
+
+#[test]
+fn a_forged_claim_the_writer_then_reaches_hides_no_row() {
+    // A forged POSITION claims (2, 18] empty; w1 then really writes there
+    // and reaches 18, while the follower is away. On the new connection
+    // w1 announces 18, where the forged claim put it: its position rests
+    // on a claim above its last row, so it is checked at once.
+    run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION events w1 2 2
+        < started events w1 2
+        > POSITION events w1 2 18
+        < position events w1 18
+        > !disconnect
+        > !connect
+        > POSITION events w1 18 18
+        < catch-up #1 events w1 (2, 18]
+        > !page 1 {"updates":[[5,["ev","$5"]],[18,["ev","$18"]]],"upto_token":18,"limited":false}
+        < rows events w1 5 ["ev","$5"] [catch-up]
+        < rows events w1 18 ["ev","$18"] [catch-up]
+        < position events w1 18
         "#,
     );
 }

@@ -87,7 +87,8 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// instead of being applied, and its next `POSITION` above its position is
 /// caught up to whatever its `prev` says. A `POSITION` at its position
 /// proves nothing (any process may send one ahead of the writer's own):
-/// the writer stays unproven. Commands held behind a catch-up keep their
+/// the writer stays unproven, and where that position rests on a claim
+/// (above the last row delivered) the claim is checked at once. Commands held behind a catch-up keep their
 /// place relative to the `REPLICATE`. The cost is at most one catch-up per
 /// writer that moves after a `REPLICATE` or a reconnection; what a writer
 /// publishes after its `REPLICATE` reaches every connected subscriber, so

@@ -1177,7 +1177,11 @@ impl StreamState {
         // After a REPLICATE, `prev` does not prove that nothing was missed:
         // the writer may have lost what it published before reconnecting.
         let trusted = !forced && !w.unproven;
-        if w.unproven && current < new {
+        // An unproven writer whose position rests on a claim (above its
+        // last row) is checked now: the claim may have been forged, and
+        // the rows that would refute it lost with a connection.
+        let claimed = w.unproven && current > w.floor;
+        if w.unproven && (current < new || claimed) {
             ctx.counters.unproven_checked += 1;
             w.checked_in = ctx.interval;
         }
@@ -1213,7 +1217,7 @@ impl StreamState {
         if !fetch
             && !far
             && !recheck
-            && (current == new || (!contradicted && trusted && prev <= current))
+            && ((current == new && !claimed) || (!contradicted && trusted && prev <= current))
         {
             // An unproven writer stays so: an announcement that moves
             // nothing proves nothing (any process may send it ahead of the
