@@ -163,8 +163,9 @@ fn demo_over_redis() {
     let first = stdout.lines().next().unwrap_or_default();
     assert!(first.starts_with("transport: Redis pub/sub"), "{stdout}");
     assert!(stdout.contains("CLIENT KILL ID"), "{stdout}");
+    // Over Redis, a reconnected worker checks each writer's next move.
     assert!(
-        stdout.contains("fetching (10, 20] from master's log"),
+        stdout.contains("checking master's caches: fetching everything above 10 from master's log"),
         "{stdout}"
     );
     assert!(

@@ -98,7 +98,8 @@ fn request() -> CatchUpRequest {
     follower
         .set_position(&StreamName::Events, &InstanceName::master(), Token(4))
         .expect("a position");
-    follower.connected();
+    // A gap to fetch, as over a connection only the writer speaks on.
+    follower.connected_direct();
     let line = Bytes::from_static(b"POSITION events master 6 6");
     let command = Command::decode(line).expect("valid").expect("a command");
     follower.handle_command(command);

@@ -293,7 +293,10 @@ impl Observer {
                     if source == RowOrigin::CatchUp {
                         *fetched += rows;
                     }
-                    if token >= request.to {
+                    // A check (asking for everything) ends with the
+                    // writer's position, a report of no rows.
+                    let check = request.to == Token(i64::MAX);
+                    if token >= request.to || (check && rows == 0) {
                         println!("{name}: caught up {fetched} {stream} rows, now at {token}");
                         self.catching_up.remove(&key);
                     }
@@ -301,16 +304,25 @@ impl Observer {
             }
             Report::CatchUp { name, request } => {
                 self.fetched_in_rounds += 1;
-                println!(
-                    "{name}: {} is at {} {}, past its {}: fetching ({}, {}] from {}'s log",
-                    request.writer,
-                    request.stream,
-                    request.to,
-                    request.from,
-                    request.from,
-                    request.to,
-                    request.writer
-                );
+                if request.to == Token(i64::MAX) {
+                    // A check: the writer's first move after a REPLICATE or
+                    // a new connection, whatever it announced.
+                    println!(
+                        "{name}: checking {}'s {}: fetching everything above {} from {}'s log",
+                        request.writer, request.stream, request.from, request.writer
+                    );
+                } else {
+                    println!(
+                        "{name}: {} is at {} {}, past its {}: fetching ({}, {}] from {}'s log",
+                        request.writer,
+                        request.stream,
+                        request.to,
+                        request.from,
+                        request.from,
+                        request.to,
+                        request.writer
+                    );
+                }
                 self.catching_up
                     .insert((name, request.stream.clone()), (request, 0));
             }
