@@ -16,7 +16,11 @@
 //!    earlier one and shows at once, `stream_positions` holds its
 //!    position, no id is used twice; main restarted: everything shows;
 //! 4. main cut off Redis during a change catches up from the writer over
-//!    HTTP.
+//!    HTTP;
+//! 5. the writer, main and the event persister write `caches` at once:
+//!    ids from the one sequence, none twice, and each process applies the
+//!    others' (main, the persister and the typing worker drop their
+//!    cached ignore lists; the writer has every row of theirs).
 //!
 //! The writer runs as a process of its own: this test binary again, whose
 //! `writer_process` test runs the example's `run` when
@@ -198,9 +202,16 @@ impl<'a> Client<'a> {
 
     /// `(status, answer)` of a request to main's client API.
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let url = format!("{}{path}", self.deployment.instance("main").client_url);
-        let request = SynapseDeployment::request_json(method, &url, Some(&self.token), body);
-        self.deployment.requests(&[request], 1).remove(0)
+        self.deployment
+            .requests(&[self.request_to("main", method, path, body)], 1)
+            .remove(0)
+    }
+
+    /// A request to `instance`'s client API, for
+    /// [`SynapseDeployment::requests`].
+    fn request_to(&self, instance: &str, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let url = format!("{}{path}", self.deployment.instance(instance).client_url);
+        SynapseDeployment::request_json(method, &url, Some(&self.token), body)
     }
 
     fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -239,12 +250,20 @@ impl<'a> Client<'a> {
     /// with another timeout, so that Synapse's response cache never
     /// answers it.
     fn sync(&self, since: Option<&str>) -> (String, Value) {
+        self.sync_on("main", since)
+    }
+
+    /// [`sync`](Self::sync) served by `instance` (every process of the
+    /// deployment serves `/sync`, and caches what it reads for it).
+    fn sync_on(&self, instance: &str, since: Option<&str>) -> (String, Value) {
         let fresh = FRESH.fetch_add(1, Ordering::Relaxed);
         let mut path = format!("/_matrix/client/v3/sync?timeout={fresh}");
         if let Some(since) = since {
             path.push_str(&format!("&since={}", segment(since)));
         }
-        let answer = self.ok("GET", &path, None);
+        let request = self.request_to(instance, "GET", &path, None);
+        let (status, answer) = self.deployment.requests(&[request], 1).remove(0);
+        assert_eq!(status, 200, "/sync on {instance}: {answer}");
         let next = answer["next_batch"]
             .as_str()
             .expect("next_batch")
@@ -554,12 +573,207 @@ fn synapse_hands_account_data_to_the_rust_writer() {
     assert!(served.contains("org.example.cut"), "{served}");
     eprintln!("phase 4 (main cut off Redis) took {:?}", phase.elapsed());
 
+    // 5. Everyone writes `caches` at once: the Rust writer (ignore lists
+    //    set through main), main (logouts) and the event persister (state
+    //    changes main hands it), in one burst of concurrent requests.
+    let phase = Instant::now();
+    let processes = ["main", "persister1", "worker1"];
+    let ignorers: Vec<Client> = ["dave", "erin", "frank"]
+        .iter()
+        .map(|name| Client::register(&deployment, name))
+        .collect();
+    for ignorer in &ignorers {
+        ignorer.ok(
+            "POST",
+            &format!("/_matrix/client/v3/join/{}", segment(&room)),
+            Some(&json!({})),
+        );
+        // Each process caches the ignorer's (empty) ignore list.
+        for process in processes {
+            ignorer.sync_on(process, None);
+        }
+    }
+    let mut burst = Vec::new();
+    for (n, ignorer) in ignorers.iter().enumerate() {
+        burst.push(ignorer.request_to(
+            "main",
+            "PUT",
+            &format!("{}/account_data/m.ignored_user_list", ignorer.user_path()),
+            Some(&json!({"ignored_users": {bob.user_id.clone(): {}}})),
+        ));
+        // Alice can (she made the room); main hands it to the persister.
+        let state = deployment.state_request(
+            "main",
+            &alice.token,
+            &room,
+            ("org.example.state", &format!("n{n}")),
+            &json!({"n": n}),
+        );
+        burst.push(state);
+        let login = deployment.call(
+            "POST",
+            &format!(
+                "{}/_matrix/client/v3/login",
+                deployment.instance("main").client_url
+            ),
+            &ignorer.token,
+            Some(
+                &json!({"type": "m.login.password", "password": "password-1234",
+                         "identifier": {"type": "m.id.user", "user": ignorer.user_id}}),
+            ),
+        );
+        let second = login["access_token"].as_str().expect("access_token");
+        burst.push(SynapseDeployment::request_json(
+            "POST",
+            &format!(
+                "{}/_matrix/client/v3/logout",
+                deployment.instance("main").client_url
+            ),
+            Some(second),
+            Some(&json!({})),
+        ));
+    }
+    let before = max_caches_id(&deployment);
+    let threads = burst.len();
+    for (status, answer) in deployment.requests(&burst, threads) {
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    // The table: ids of every process from the one sequence, none twice.
+    let written: Vec<(i64, String, String)> = deployment
+        .sql(&format!(
+            "SELECT stream_id, instance_name, cache_func FROM cache_invalidation_stream_by_instance \
+             WHERE stream_id > {before} ORDER BY stream_id"
+        ))
+        .iter()
+        .map(|row| {
+            let text = |at: usize| row[at].as_str().expect("text").to_owned();
+            (row[0].as_i64().expect("an id"), text(1), text(2))
+        })
+        .collect();
+    eprintln!("caches written in the burst: {written:?}");
+    let all: Vec<i64> = deployment
+        .sql("SELECT stream_id FROM cache_invalidation_stream_by_instance")
+        .iter()
+        .map(|row| row[0].as_i64().expect("an id"))
+        .collect();
+    assert_distinct(&all, "caches");
+    let last_value = deployment.sql("SELECT last_value FROM cache_invalidation_stream_seq")[0][0]
+        .as_i64()
+        .expect("last_value");
+    assert!(
+        all.iter().all(|&id| id <= last_value),
+        "{all:?} past {last_value}"
+    );
+    let of = |instance: &str| -> Vec<i64> {
+        written
+            .iter()
+            .filter(|(_, by, _)| by == instance)
+            .map(|&(id, _, _)| id)
+            .collect()
+    };
+    let rust_funcs: Vec<&str> = written
+        .iter()
+        .filter(|(_, by, _)| by == WRITER)
+        .map(|(_, _, func)| func.as_str())
+        .collect();
+    assert_eq!(
+        rust_funcs
+            .iter()
+            .filter(|&&func| func == "ignored_users")
+            .count(),
+        ignorers.len(),
+        "{written:?}"
+    );
+    // Main is `master` on the wire and in the table.
+    for instance in ["master", "persister1"] {
+        assert!(
+            !of(instance).is_empty(),
+            "no caches row of {instance}: {written:?}"
+        );
+    }
+
+    // Each Synapse process dropped each ignorer's cached list: bob's
+    // message no longer reaches their /sync there (a control message
+    // after it shows the process got that far).
+    for process in processes {
+        let since: Vec<String> = ignorers
+            .iter()
+            .map(|ignorer| ignorer.sync_on(process, None).0)
+            .collect();
+        let ignored = send(&deployment, &bob.token, &room, "after the burst");
+        let control = send(&deployment, &alice.token, &room, "control");
+        for (ignorer, since) in ignorers.iter().zip(&since) {
+            let seen = timeline_until(ignorer, process, since, &room, &control);
+            assert!(
+                !seen.contains(&ignored),
+                "{process} kept {}'s cached ignore list: {seen:?}",
+                ignorer.user_id
+            );
+        }
+    }
+    // And the Rust writer had every row of the others, live or caught up.
+    let deadline = Instant::now() + PATIENCE;
+    for instance in written
+        .iter()
+        .map(|(_, by, _)| by)
+        .filter(|by| *by != WRITER)
+    {
+        for id in of(instance) {
+            let line = format!("caches from {instance} at {id}:");
+            while !writer.log_text().contains(&line) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the writer never had {instance}'s caches row {id}: {}",
+                    writer.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    eprintln!(
+        "phase 5 (caches written at once) took {:?}",
+        phase.elapsed()
+    );
+
     for name in ["main", "persister1"] {
         let errors = deployment.log_errors(name);
         assert!(errors.is_empty(), "{name} logged errors: {errors:#?}");
     }
     writer.terminate();
     eprintln!("whole test took {:?}", started.elapsed());
+}
+
+/// The highest id in `cache_invalidation_stream_by_instance` (0: none).
+fn max_caches_id(deployment: &SynapseDeployment) -> i64 {
+    deployment.sql("SELECT COALESCE(MAX(stream_id), 0) FROM cache_invalidation_stream_by_instance")
+        [0][0]
+        .as_i64()
+        .expect("an id")
+}
+
+/// The event ids of `room` that `/sync`s on `process` from `since` give,
+/// until `until` is among them.
+fn timeline_until(
+    client: &Client,
+    process: &str,
+    since: &str,
+    room: &str,
+    until: &str,
+) -> Vec<String> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    let mut since = since.to_owned();
+    while !seen.iter().any(|id| id == until) {
+        assert!(
+            Instant::now() < deadline,
+            "{until} never reached /sync on {process}"
+        );
+        let (next, sync) = client.sync_on(process, Some(&since));
+        seen.extend(timeline(&sync, room));
+        since = next;
+    }
+    seen
 }
 
 /// Sends a message to `room` through main; its event id.
