@@ -20,7 +20,14 @@
 //! 5. the writer, main and the event persister write `caches` at once:
 //!    ids from the one sequence, none twice, and each process applies the
 //!    others' (main, the persister and the typing worker drop their
-//!    cached ignore lists; the writer has every row of theirs).
+//!    cached ignore lists; the writer has every row of theirs);
+//! 6. bad input on the writer's endpoints (wrong secret, malformed body,
+//!    malformed, remote or unknown user): its errors, nothing written.
+//!
+//! `synapse_s_own_writer_given_bad_input` gives the same bad input to
+//! Synapse's own account-data writer (a generic worker owning the stream,
+//! in a deployment of its own, about 6 s), and `BAD_INPUT` sets both
+//! answers side by side.
 //!
 //! The writer runs as a process of its own: this test binary again, whose
 //! `writer_process` test runs the example's `run` when
@@ -736,12 +743,282 @@ fn synapse_hands_account_data_to_the_rust_writer() {
         phase.elapsed()
     );
 
+    // 6. Bad input on the writer's endpoints: Synapse's errors (or the
+    //    crate's stricter ones, see BAD_INPUT), nothing written.
+    let phase = Instant::now();
+    let answers = bad_input(&deployment, WRITER, port, &alice.user_id);
+    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
+        assert_eq!(
+            (answer.0.0, answer.0.1.as_str()),
+            case.rust,
+            "{}: {answer:?}",
+            case.what
+        );
+        assert_eq!(answer.1, case.rust_writes, "{}: written", case.what);
+    }
+    eprintln!("phase 6 (bad input) took {:?}", phase.elapsed());
+
     for name in ["main", "persister1"] {
         let errors = deployment.log_errors(name);
         assert!(errors.is_empty(), "{name} logged errors: {errors:#?}");
     }
     writer.terminate();
     eprintln!("whole test took {:?}", started.elapsed());
+}
+
+/// A call with something wrong, and what each writer answers it with
+/// (`(status, errcode)`; `""`: no error), as run here (phase 6 and
+/// `synapse_s_own_writer_given_bad_input`).
+///
+/// Where they differ, the crate is stricter on purpose
+/// (`AccountDataRequest::from_call`, `CatchUpEndpoint`): a wrong or
+/// missing secret is a 401 saying so, where Synapse's `_check_auth` raises
+/// and answers 500; a body without an object `content` is a 400, where
+/// Synapse answers 500 or stores the non-object; and a user id that is
+/// not one, a remote user or a room id that is not one are refused, where
+/// Synapse's writer takes them on trust (main checked the requester) and
+/// writes rows no client can ever read. A local user never registered is
+/// written by both.
+struct BadInput {
+    what: &'static str,
+    /// The endpoint and its arguments, `{user}` for a registered user
+    /// (and `{user_id}` in the body).
+    path: &'static str,
+    /// `None`: no `Authorization`; `Some("")`: the right secret.
+    auth: Option<&'static str>,
+    body: &'static str,
+    rust: (u16, &'static str),
+    /// Whether the Rust writer writes it.
+    rust_writes: bool,
+    synapse: (u16, &'static str),
+    /// Whether Synapse's writer writes it (it takes ids on trust: main
+    /// checked them before calling).
+    synapse_writes: bool,
+}
+
+const BAD_INPUT: &[BadInput] = &[
+    BadInput {
+        what: "no secret",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: None,
+        body: r#"{"content":{"n":1}}"#,
+        rust: (401, "M_MISSING_TOKEN"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a wrong secret",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some("wrong"),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (401, "M_UNKNOWN_TOKEN"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a body that is not JSON",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "nope",
+        rust: (400, "M_NOT_JSON"),
+        rust_writes: false,
+        synapse: (400, "M_NOT_JSON"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a body that is not an object",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "[1]",
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (400, "M_BAD_JSON"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "no content",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "{}",
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "content that is not an object",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":[1]}"#,
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a user id that is not one",
+        path: "add_user_account_data/alice/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a remote user",
+        path: "add_user_account_data/%40mallory%3Aremote.org/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (403, "M_FORBIDDEN"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a remote user's ignore list",
+        path: "add_user_account_data/%40mallory%3Aremote.org/m.ignored_user_list",
+        auth: Some(""),
+        body: r#"{"content":{"ignored_users":{"@spam:remote.org":{}}}}"#,
+        rust: (403, "M_FORBIDDEN"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a room id that is not one",
+        path: "add_tag/{user}/room/u.work",
+        auth: Some(""),
+        body: r#"{"content":{}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "ignoring oneself",
+        path: "add_user_account_data/{user}/m.ignored_user_list",
+        auth: Some(""),
+        body: r#"{"content":{"ignored_users":{"{user_id}":{}}}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (400, "M_INVALID_PARAM"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a local user never registered",
+        path: "add_user_account_data/%40nobody%3Adep.test/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        // Neither writer looks the user up: main checked the requester.
+        rust: (200, ""),
+        rust_writes: true,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+];
+
+/// Sends each of [`BAD_INPUT`] to `instance`'s replication listener on
+/// `port`, as Synapse's processes call it (its secret, `Host:
+/// <instance>:80`); per case, `((status, errcode), whether the
+/// account-data tables changed)`.
+fn bad_input(
+    deployment: &SynapseDeployment,
+    instance: &str,
+    port: u16,
+    user: &str,
+) -> Vec<((u16, String), bool)> {
+    BAD_INPUT
+        .iter()
+        .map(|case| {
+            let before = account_data_tables(deployment);
+            let path = format!(
+                "/_synapse/replication/{}",
+                case.path.replace("{user}", &segment(user))
+            );
+            let auth = case.auth.map(|auth| {
+                if auth.is_empty() {
+                    deployment.secret.as_str()
+                } else {
+                    auth
+                }
+            });
+            let body = case.body.replace("{user_id}", user);
+            let (status, answer) = raw_post(port, instance, &path, auth, &body);
+            let errcode = answer["errcode"].as_str().unwrap_or("").to_owned();
+            ((status, errcode), account_data_tables(deployment) != before)
+        })
+        .collect()
+}
+
+/// `POST path` with `body` to 127.0.0.1:`port`: its status and JSON body
+/// (`null` if it is not JSON).
+fn raw_post(port: u16, instance: &str, path: &str, auth: Option<&str>, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {instance}:80\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(secret) = auth {
+        request.push_str(&format!("Authorization: Bearer {secret}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("answer");
+    let status = answer
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP: {answer}"));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// A chunked HTTP/1.1 body (Synapse's answers), joined.
+fn dechunk(mut body: &str) -> String {
+    let mut joined = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        joined.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    joined
+}
+
+/// What an account-data writer writes, as one text: its three tables,
+/// tags, `ignored_users`, the ignore caches' invalidations and
+/// `stream_positions` for the stream.
+fn account_data_tables(deployment: &SynapseDeployment) -> String {
+    let table = |sql: &str| format!("(SELECT json_agg(t::text ORDER BY t::text) FROM ({sql}) t)");
+    let query = [
+        "SELECT * FROM account_data",
+        "SELECT * FROM room_account_data",
+        "SELECT * FROM room_tags",
+        "SELECT * FROM room_tags_revisions",
+        "SELECT * FROM ignored_users",
+        "SELECT stream_id, instance_name, cache_func, keys FROM cache_invalidation_stream_by_instance \
+         WHERE cache_func IN ('ignored_users', 'ignored_by')",
+        "SELECT * FROM stream_positions WHERE stream_name = 'account_data'",
+    ]
+    .map(table)
+    .join(", ");
+    serde_json::to_string(&deployment.sql(&format!("SELECT {query}"))).expect("JSON")
 }
 
 /// The highest id in `cache_invalidation_stream_by_instance` (0: none).
@@ -803,4 +1080,30 @@ fn writer_catch_up(deployment: &SynapseDeployment, port: u16, from: i64, to: i64
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .expect("a body")
+}
+
+/// Synapse's own account-data writer (a generic worker owning the
+/// stream) given [`BAD_INPUT`]: what it answers and whether it writes, to
+/// set beside the Rust writer's (phase 6 of the test above).
+#[test]
+fn synapse_s_own_writer_given_bad_input() {
+    let started = Instant::now();
+    let deployment =
+        SynapseDeployment::start_with(1, &json!({"stream_writers": {"account_data": ["worker1"]}}));
+    let alice = Client::register(&deployment, "alice");
+    let port = deployment.instance("worker1").replication_port;
+    let answers = bad_input(&deployment, "worker1", port, &alice.user_id);
+    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
+        eprintln!("{}: {answer:?}", case.what);
+    }
+    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
+        assert_eq!(
+            (answer.0.0, answer.0.1.as_str()),
+            case.synapse,
+            "{}: {answer:?}",
+            case.what
+        );
+        assert_eq!(answer.1, case.synapse_writes, "{}", case.what);
+    }
+    eprintln!("whole test took {:?}", started.elapsed());
 }
