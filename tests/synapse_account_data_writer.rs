@@ -24,10 +24,12 @@
 //! 6. bad input on the writer's endpoints (wrong secret, malformed body,
 //!    malformed, remote or unknown user): its errors, nothing written.
 //!
-//! `synapse_s_own_writer_given_bad_input` gives the same bad input to
-//! Synapse's own account-data writer (a generic worker owning the stream,
-//! in a deployment of its own, about 6 s), and `BAD_INPUT` sets both
-//! answers side by side.
+//! `synapse_s_own_writer_given_bad_input_and_typing_from_the_database`
+//! gives the same bad input to Synapse's own account-data writer (a
+//! generic worker owning the stream, in a deployment of its own, about
+//! 7 s), and `BAD_INPUT` sets both answers side by side. In that
+//! deployment the Rust typing writer (`examples/typing_writer`) reads the
+//! servers in a room from the database to apply federation typing.
 //!
 //! The writer runs as a process of its own: this test binary again, whose
 //! `writer_process` test runs the example's `run` when
@@ -48,6 +50,8 @@
 #[path = "../examples/account_data_writer/main.rs"]
 mod account_data_writer;
 mod common;
+#[path = "../examples/typing_writer/writer.rs"]
+mod typing_writer;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -1082,20 +1086,29 @@ fn writer_catch_up(deployment: &SynapseDeployment, port: u16, from: i64, to: i64
         .expect("a body")
 }
 
+/// The Rust typing writer of the second test, and its listener.
+const TYPING: &str = "rust_typing";
+
 /// Synapse's own account-data writer (a generic worker owning the
 /// stream) given [`BAD_INPUT`]: what it answers and whether it writes, to
-/// set beside the Rust writer's (phase 6 of the test above).
+/// set beside the Rust writer's (phase 6 of the test above). In the same
+/// deployment (PostgreSQL), the Rust typing writer reads the servers in a
+/// room from Synapse's database (its `database` section, no admin token)
+/// to apply federation typing as Synapse's `_recv_edu` does.
 #[test]
-fn synapse_s_own_writer_given_bad_input() {
+fn synapse_s_own_writer_given_bad_input_and_typing_from_the_database() {
     let started = Instant::now();
-    let deployment =
-        SynapseDeployment::start_with(1, &json!({"stream_writers": {"account_data": ["worker1"]}}));
+    let typing_port = free_port();
+    let deployment = SynapseDeployment::start_with(
+        1,
+        &json!({
+            "stream_writers": {"account_data": ["worker1"], "typing": [TYPING]},
+            "instance_map": {TYPING: {"host": "127.0.0.1", "port": typing_port}},
+        }),
+    );
     let alice = Client::register(&deployment, "alice");
     let port = deployment.instance("worker1").replication_port;
     let answers = bad_input(&deployment, "worker1", port, &alice.user_id);
-    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
-        eprintln!("{}: {answer:?}", case.what);
-    }
     for (case, answer) in BAD_INPUT.iter().zip(&answers) {
         assert_eq!(
             (answer.0.0, answer.0.1.as_str()),
@@ -1105,5 +1118,58 @@ fn synapse_s_own_writer_given_bad_input() {
         );
         assert_eq!(answer.1, case.synapse_writes, "{}", case.what);
     }
+    eprintln!("bad input to Synapse's writer took {:?}", started.elapsed());
+
+    // The typing writer, on the deployment's own configuration (its
+    // `database` section; no admin token).
+    let phase = Instant::now();
+    let synapse = synapse_replication::config::SynapseConfig::from_value(deployment.config.clone())
+        .expect("the deployment's config");
+    assert!(synapse.database().is_some());
+    let running = smol::block_on(typing_writer::start(
+        typing_writer::Options {
+            synapse,
+            instance: TYPING.into(),
+            homeserver: deployment.instance("main").client_url.clone(),
+            admin_token: None,
+            state: None,
+        },
+        &format!("127.0.0.1:{typing_port}"),
+        "127.0.0.1:0",
+    ))
+    .expect("the typing writer starts");
+    let writer = running.writer.clone();
+    let room = deployment.create_room(&alice.token);
+    let edu = |txn: &str, origin: &str, user: &str, room: &str| {
+        let body = json!({"origin": origin,
+                          "content": {"room_id": room, "user_id": user, "typing": true}});
+        raw_post(
+            typing_port,
+            TYPING,
+            &format!("/_synapse/replication/fed_send_edu/m.typing/{txn}"),
+            Some(&deployment.secret),
+            &body.to_string(),
+        )
+    };
+    // This server is in the room: applied.
+    let (status, answer) = edu("t1", &deployment.server_name, &alice.user_id, &room);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(writer.typing_in(&room), [alice.user_id.as_str()]);
+    // A server not in the room, and a room this server is not in:
+    // answered, not applied.
+    let (status, _) = edu("t2", "remote.test", "@eve:remote.test", &room);
+    assert_eq!(status, 200);
+    let (status, _) = edu(
+        "t3",
+        &deployment.server_name,
+        &alice.user_id,
+        "!nowhere:dep.test",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(writer.typing_in(&room), [alice.user_id.as_str()]);
+    // (applied, ignored, unchecked): every EDU checked against the
+    // database, none left unchecked.
+    assert_eq!(writer.edus.get(), (1, 2, 0));
+    eprintln!("typing from the database took {:?}", phase.elapsed());
     eprintln!("whole test took {:?}", started.elapsed());
 }
