@@ -32,6 +32,10 @@ use common::synapse::run_script;
 mod postgres;
 use postgres::TestDb;
 
+#[path = "common/kill_points.rs"]
+mod kill_points;
+use kill_points::{Gate, Gated};
+
 /// One timestamp for every cache invalidation (Synapse's clock is a
 /// stand-in that answers it).
 const TS: i64 = 1_700_000_000_123;
@@ -537,4 +541,262 @@ async fn http_server_makes_the_changes_and_serves_their_catch_up() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(Value::String(body), expected[2]);
     serving.abort();
+}
+
+/// The writer of the kill-point test, on gated stores (`gate`: the
+/// connection its ids and `stream_positions` go through).
+async fn gated_writer(
+    db: &TestDb,
+    gate: &Arc<Gate>,
+) -> (AccountDataStore<Gated<Client>>, Published) {
+    let me = InstanceName::from(WRITER);
+    let gated = |inner| Gated {
+        inner,
+        gate: Arc::clone(gate),
+    };
+    let caches = Arc::new(
+        CacheInvalidations::load(gated(db.client().await), me.clone())
+            .await
+            .expect("caches"),
+    );
+    let published: Published = Arc::default();
+    let sink = published.clone();
+    let store = AccountDataStore::load(gated(db.client().await), caches, me.clone(), [me])
+        .await
+        .expect("load")
+        .with_clock(at_ts)
+        .with_publisher(move |stream, position, rows| {
+            sink.lock().unwrap().push((stream.clone(), position, rows));
+        });
+    (store, published)
+}
+
+/// `user` ignores `@spam`: the change with most steps (its row,
+/// `ignored_users`, two cache invalidations).
+fn ignore(user: &str) -> AccountDataRequest {
+    AccountDataRequest::AddUserAccountData {
+        user_id: user.to_owned(),
+        account_data_type: "m.ignored_user_list".to_owned(),
+        content: object(json!({"ignored_users": {"@spam:example.com": {}}})),
+    }
+}
+
+/// What the victim's change does on its transaction, in order (each id
+/// taken: asked for, then answered by the sequence before the writer
+/// hears of it); the test stops it at each.
+const VICTIM_CALLS: [&str; 12] = [
+    "next_ids",
+    "next_ids answered",
+    "upsert_global",
+    "ignored_users",
+    "delete_ignored_users",
+    "insert_ignored_users",
+    "next_ids",
+    "next_ids answered",
+    "insert_invalidations",
+    "next_ids",
+    "next_ids answered",
+    "insert_invalidations",
+];
+
+/// Where the victim is killed after its calls: its rows written and not
+/// committed, committed and not handed to `committed`, handed over (rows
+/// published) with its `stream_positions` not yet written.
+const AFTER_CALLS: [&str; 3] = ["uncommitted", "committed", "position unwritten"];
+
+/// Every id of both streams that has a committed row.
+async fn committed_ids(client: &Client) -> Vec<(String, i64)> {
+    client
+        .query(
+            "SELECT 'account_data', stream_id FROM account_data \
+             UNION ALL SELECT 'account_data', stream_id FROM room_account_data \
+             UNION ALL SELECT 'account_data', stream_id FROM room_tags_revisions \
+             UNION ALL SELECT 'caches', stream_id FROM cache_invalidation_stream_by_instance",
+            &[],
+        )
+        .await
+        .expect("read the tables")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// The highest position of `stream` the writer published.
+fn published_max(published: &Published, stream: &StreamName) -> Token {
+    published
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(of, _, _)| of == stream)
+        .map(|&(_, position, _)| position)
+        .max()
+        .unwrap_or(Token(0))
+}
+
+/// Another user ignores `@spam`, all the way through (committed and
+/// handed over); the ids it took.
+async fn other_change(
+    db: &TestDb,
+    store: &AccountDataStore<Gated<Client>>,
+    point: usize,
+) -> Vec<(&'static str, Token)> {
+    let gate = Arc::new(Gate::default());
+    let mut client = db.client().await;
+    let other = Gated {
+        inner: client.transaction().await.expect("begin"),
+        gate: Arc::clone(&gate),
+    };
+    let pending = store
+        .write_on(&other, &ignore(&format!("@other{point}:example.com")))
+        .await
+        .expect("the other change");
+    other.inner.commit().await.expect("commit");
+    store.committed(pending).await.expect("committed");
+    gate.taken()
+}
+
+/// The highest position of each stream the writer ever announced: in
+/// the rows handed over, in its answer to a `REPLICATE` now, and (for
+/// `account_data`) in `stream_positions`.
+async fn snapshot(
+    check: &Client,
+    store: &AccountDataStore<Gated<Client>>,
+    published: &Published,
+) -> [(&'static str, Token); 2] {
+    let stream_position: Option<i64> = check
+        .query_opt(
+            "SELECT stream_id FROM stream_positions WHERE stream_name = 'account_data' \
+             AND instance_name = $1",
+            &[&WRITER],
+        )
+        .await
+        .expect("stream_positions")
+        .map(|row| row.get(0));
+    [
+        (
+            "account_data",
+            published_max(published, &StreamName::AccountData)
+                .max(store.position())
+                .max(Token(stream_position.unwrap_or(0))),
+        ),
+        (
+            "caches",
+            published_max(published, &StreamName::Caches).max(store.caches().position()),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_between_taking_ids_and_persisting_rows_never_announced_past_them() {
+    let db = TestDb::create("synrep_acct", &synapse_schema()).await;
+    let check = db.client().await;
+    let mut taken_before: Vec<(&'static str, Token)> = Vec::new();
+    for point in 1..=VICTIM_CALLS.len() + AFTER_CALLS.len() {
+        let name = VICTIM_CALLS
+            .get(point - 1)
+            .map(|call| format!("before {call} #{point}"))
+            .unwrap_or_else(|| AFTER_CALLS[point - 1 - VICTIM_CALLS.len()].to_owned());
+        // Each point a run of its own, started where the last was killed.
+        let store_gate = Arc::new(Gate::default());
+        let (store, published) = gated_writer(&db, &store_gate).await;
+
+        // The victim's change, on a transaction of its own, stopped at
+        // `point` (or run through).
+        let victim_gate = Arc::new(Gate::default());
+        let mut victim_client = db.client().await;
+        let on = Gated {
+            inner: victim_client.transaction().await.expect("begin"),
+            gate: Arc::clone(&victim_gate),
+        };
+        if point <= VICTIM_CALLS.len() {
+            victim_gate.arm(point);
+        }
+        let victim = ignore(&format!("@victim{point}:example.com"));
+        let mut write = Box::pin(store.write_on(&on, &victim));
+        let pending = tokio::select! {
+            written = &mut write => Some(written.expect("the victim's change")),
+            () = victim_gate.stopped() => None,
+        };
+        let passed = victim_gate.passed();
+        let stopped_at = passed.len().min(VICTIM_CALLS.len());
+        assert_eq!(passed[..stopped_at], VICTIM_CALLS[..stopped_at], "{name}");
+
+        // Meanwhile another change goes all the way (the writer publishes
+        // and writes positions while the victim is in flight); then the
+        // writer is killed: nothing more of this run goes on. A victim
+        // transaction left open is not rolled back by the client (no
+        // ROLLBACK is sent): its connection just goes, as a killed
+        // process's does, and PostgreSQL rolls it back.
+        let announced;
+        let other_taken;
+        match pending {
+            None => {
+                other_taken = other_change(&db, &store, point).await;
+                announced = snapshot(&check, &store, &published).await;
+                drop(write);
+                std::mem::forget(on);
+            }
+            Some(pending) => {
+                assert_eq!(passed, VICTIM_CALLS, "{name}");
+                drop(write);
+                other_taken = other_change(&db, &store, point).await;
+                if name == "uncommitted" {
+                    announced = snapshot(&check, &store, &published).await;
+                    drop(pending);
+                    std::mem::forget(on);
+                } else {
+                    let Gated { inner, .. } = on;
+                    inner.commit().await.expect("commit");
+                    if name == "committed" {
+                        announced = snapshot(&check, &store, &published).await;
+                        drop(pending);
+                    } else {
+                        // Stopped in the hand-over, at writing
+                        // stream_positions: the rows went out already.
+                        store_gate.arm(1);
+                        let mut committed = Box::pin(store.committed(pending));
+                        tokio::select! {
+                            done = &mut committed => panic!("not stopped: {done:?}"),
+                            () = store_gate.stopped() => {}
+                        }
+                        assert_eq!(store_gate.passed().last(), Some(&"write_position"));
+                        announced = snapshot(&check, &store, &published).await;
+                        drop(committed);
+                    }
+                }
+            }
+        }
+        drop(store);
+
+        let committed = committed_ids(&check).await;
+        let mut taken = victim_gate.taken();
+        taken.extend(other_taken);
+        for &(stream, id) in &taken {
+            let position = announced.iter().find(|(of, _)| *of == stream).unwrap().1;
+            assert!(
+                id > position || committed.contains(&(stream.to_owned(), id.0)),
+                "{name}: {stream} announced at {position} with id {id} not persisted \
+                 (taken: {taken:?}, committed: {committed:?})"
+            );
+        }
+        // A victim that took ids was held below them until they committed.
+        if name != "position unwritten" {
+            for &(stream, id) in &victim_gate.taken() {
+                let position = announced.iter().find(|(of, _)| *of == stream).unwrap().1;
+                assert!(id > position, "{name}: {stream} passed {id} in flight");
+            }
+        }
+        // And no run ever took an id an earlier one took.
+        for &(stream, id) in &taken {
+            assert!(
+                taken_before
+                    .iter()
+                    .all(|&(of, before)| of != stream || before < id),
+                "{name}: {stream} id {id} again"
+            );
+        }
+        taken_before.extend(taken);
+        // Its connection goes last (PostgreSQL rolls back what it left
+        // open): nothing it left uncommitted was ever visible above.
+    }
 }

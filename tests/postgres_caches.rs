@@ -66,7 +66,7 @@ fn synapse_schema() -> String {
             .any(|s| s.starts_with("CREATE TABLE cache_invalidation_stream_by_instance")),
         "{statements:?}"
     );
-    assert_eq!(statements.len(), 5, "{statements:?}");
+    assert_eq!(statements.len(), 7, "{statements:?}");
     statements.join("\n")
 }
 
@@ -640,4 +640,104 @@ async fn http_server_answers_caches_catch_up_as_synapse_does() {
         "{body}"
     );
     serving.abort();
+}
+
+/// What Synapse's own `caches` id generator, started as `instance` on the
+/// database now, announces for itself (caches.py `position`).
+fn synapse_start_position(dbname: &str, instance: &str) -> Token {
+    let out = python(&["position", dbname, instance], "");
+    Token(serde_json::from_str(out.trim()).expect("caches.py's position"))
+}
+
+/// The position a restarted writer announces is the one Synapse's own
+/// writer announces in the same database, also where that is below what
+/// it announced before the restart (its ids whose transaction rolled back
+/// have no row), and never above a row not yet committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_writer_starts_where_synapse_s_own_writer_starts() {
+    let db = TestDb::create("synrep_caches", &synapse_schema()).await;
+    let ignored = CacheInvalidation::entry("ignored_users", ["@alice:example.com"]);
+    let restart = |instance: &'static str| {
+        let dbname = db.name.clone();
+        async move {
+            let rust = CacheInvalidations::load(postgres::client(&dbname).await, name(instance))
+                .await
+                .expect("load")
+                .position();
+            let synapse = synapse_start_position(&dbname, instance);
+            assert_eq!(rust, synapse, "{instance}'s start: the crate, Synapse");
+            rust
+        }
+    };
+    // An empty table: both start at 1 (ids start at 2).
+    assert_eq!(restart("rust").await, Token(1));
+
+    // Written by this writer and by Synapse's code as `main`; then this
+    // writer's last transaction rolls back, so its position passes an id
+    // no row carries.
+    let caches = CacheInvalidations::load(db.client().await, name("rust"))
+        .await
+        .expect("load");
+    for _ in 0..2 {
+        caches
+            .invalidate(&ignored, at_ts(), |_, _| ())
+            .await
+            .expect("invalidate");
+    }
+    synapse_runs(
+        &db.name,
+        &json!([{"op": "entry", "instance": "main", "cache": "ignored_users",
+                 "key": ["@bob:example.com"], "ts": TS}]),
+    );
+    let mut app = db.client().await;
+    let transaction = app.transaction().await.expect("begin");
+    let pending = caches
+        .invalidate_on(&transaction, &ignored, at_ts())
+        .await
+        .expect("invalidate");
+    let lost = pending.ids()[0];
+    transaction.rollback().await.expect("rollback");
+    caches.rolled_back(pending, |_, _| ()).expect("rolled back");
+    let before = caches.position();
+    assert_eq!(before, lost, "the position passes an id rolled back");
+    drop(caches);
+
+    // Restarted: the highest id in the table, of any instance (main's
+    // 4), below the 5 announced before. Synapse's writer does the same;
+    // its followers, ahead, catch up from 5 to 4 (nothing) and go on.
+    let started = restart("rust").await;
+    assert_eq!(started, Token(4));
+    assert!(started < before);
+    assert_eq!(restart("main").await, Token(4));
+
+    // A transaction of main's holds id 6, uncommitted, while id 7 commits:
+    // a writer starting then (this one, or Synapse's) announces 7, which
+    // says nothing of main's rows; its own are all at or below it.
+    let synapse_txn = app.transaction().await.expect("begin");
+    let held: i64 = synapse_txn
+        .query_one("SELECT nextval('cache_invalidation_stream_seq')", &[])
+        .await
+        .expect("nextval")
+        .get(0);
+    synapse_txn
+        .execute(
+            "INSERT INTO cache_invalidation_stream_by_instance \
+             (stream_id, instance_name, cache_func, keys, invalidation_ts) \
+             VALUES ($1, 'main', 'ignored_users', '{@carol:example.com}', $2)",
+            &[&held, &TS],
+        )
+        .await
+        .expect("insert");
+    let caches = CacheInvalidations::load(db.client().await, name("rust"))
+        .await
+        .expect("load");
+    caches
+        .invalidate(&ignored, at_ts(), |_, _| ())
+        .await
+        .expect("invalidate");
+    let own = caches.position();
+    assert_eq!(own, Token(held + 1));
+    drop(caches);
+    assert_eq!(restart("rust").await, own);
+    synapse_txn.rollback().await.expect("rollback");
 }

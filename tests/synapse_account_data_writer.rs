@@ -16,7 +16,20 @@
 //!    earlier one and shows at once, `stream_positions` holds its
 //!    position, no id is used twice; main restarted: everything shows;
 //! 4. main cut off Redis during a change catches up from the writer over
-//!    HTTP.
+//!    HTTP;
+//! 5. the writer, main and the event persister write `caches` at once:
+//!    ids from the one sequence, none twice, and each process applies the
+//!    others' (main, the persister and the typing worker drop their
+//!    cached ignore lists; the writer has every row of theirs);
+//! 6. bad input on the writer's endpoints (wrong secret, malformed body,
+//!    malformed, remote or unknown user): its errors, nothing written.
+//!
+//! `synapse_s_own_writer_given_bad_input_and_typing_from_the_database`
+//! gives the same bad input to Synapse's own account-data writer (a
+//! generic worker owning the stream, in a deployment of its own, about
+//! 7 s), and `BAD_INPUT` sets both answers side by side. In that
+//! deployment the Rust typing writer (`examples/typing_writer`) reads the
+//! servers in a room from the database to apply federation typing.
 //!
 //! The writer runs as a process of its own: this test binary again, whose
 //! `writer_process` test runs the example's `run` when
@@ -37,6 +50,8 @@
 #[path = "../examples/account_data_writer/main.rs"]
 mod account_data_writer;
 mod common;
+#[path = "../examples/typing_writer/writer.rs"]
+mod typing_writer;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -198,9 +213,16 @@ impl<'a> Client<'a> {
 
     /// `(status, answer)` of a request to main's client API.
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let url = format!("{}{path}", self.deployment.instance("main").client_url);
-        let request = SynapseDeployment::request_json(method, &url, Some(&self.token), body);
-        self.deployment.requests(&[request], 1).remove(0)
+        self.deployment
+            .requests(&[self.request_to("main", method, path, body)], 1)
+            .remove(0)
+    }
+
+    /// A request to `instance`'s client API, for
+    /// [`SynapseDeployment::requests`].
+    fn request_to(&self, instance: &str, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let url = format!("{}{path}", self.deployment.instance(instance).client_url);
+        SynapseDeployment::request_json(method, &url, Some(&self.token), body)
     }
 
     fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -239,12 +261,20 @@ impl<'a> Client<'a> {
     /// with another timeout, so that Synapse's response cache never
     /// answers it.
     fn sync(&self, since: Option<&str>) -> (String, Value) {
+        self.sync_on("main", since)
+    }
+
+    /// [`sync`](Self::sync) served by `instance` (every process of the
+    /// deployment serves `/sync`, and caches what it reads for it).
+    fn sync_on(&self, instance: &str, since: Option<&str>) -> (String, Value) {
         let fresh = FRESH.fetch_add(1, Ordering::Relaxed);
         let mut path = format!("/_matrix/client/v3/sync?timeout={fresh}");
         if let Some(since) = since {
             path.push_str(&format!("&since={}", segment(since)));
         }
-        let answer = self.ok("GET", &path, None);
+        let request = self.request_to(instance, "GET", &path, None);
+        let (status, answer) = self.deployment.requests(&[request], 1).remove(0);
+        assert_eq!(status, 200, "/sync on {instance}: {answer}");
         let next = answer["next_batch"]
             .as_str()
             .expect("next_batch")
@@ -554,12 +584,477 @@ fn synapse_hands_account_data_to_the_rust_writer() {
     assert!(served.contains("org.example.cut"), "{served}");
     eprintln!("phase 4 (main cut off Redis) took {:?}", phase.elapsed());
 
+    // 5. Everyone writes `caches` at once: the Rust writer (ignore lists
+    //    set through main), main (logouts) and the event persister (state
+    //    changes main hands it), in one burst of concurrent requests.
+    let phase = Instant::now();
+    let processes = ["main", "persister1", "worker1"];
+    let ignorers: Vec<Client> = ["dave", "erin", "frank"]
+        .iter()
+        .map(|name| Client::register(&deployment, name))
+        .collect();
+    for ignorer in &ignorers {
+        ignorer.ok(
+            "POST",
+            &format!("/_matrix/client/v3/join/{}", segment(&room)),
+            Some(&json!({})),
+        );
+        // Each process caches the ignorer's (empty) ignore list.
+        for process in processes {
+            ignorer.sync_on(process, None);
+        }
+    }
+    let mut burst = Vec::new();
+    for (n, ignorer) in ignorers.iter().enumerate() {
+        burst.push(ignorer.request_to(
+            "main",
+            "PUT",
+            &format!("{}/account_data/m.ignored_user_list", ignorer.user_path()),
+            Some(&json!({"ignored_users": {bob.user_id.clone(): {}}})),
+        ));
+        // Alice can (she made the room); main hands it to the persister.
+        let state = deployment.state_request(
+            "main",
+            &alice.token,
+            &room,
+            ("org.example.state", &format!("n{n}")),
+            &json!({"n": n}),
+        );
+        burst.push(state);
+        let login = deployment.call(
+            "POST",
+            &format!(
+                "{}/_matrix/client/v3/login",
+                deployment.instance("main").client_url
+            ),
+            &ignorer.token,
+            Some(
+                &json!({"type": "m.login.password", "password": "password-1234",
+                         "identifier": {"type": "m.id.user", "user": ignorer.user_id}}),
+            ),
+        );
+        let second = login["access_token"].as_str().expect("access_token");
+        burst.push(SynapseDeployment::request_json(
+            "POST",
+            &format!(
+                "{}/_matrix/client/v3/logout",
+                deployment.instance("main").client_url
+            ),
+            Some(second),
+            Some(&json!({})),
+        ));
+    }
+    let before = max_caches_id(&deployment);
+    let threads = burst.len();
+    for (status, answer) in deployment.requests(&burst, threads) {
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    // The table: ids of every process from the one sequence, none twice.
+    let written: Vec<(i64, String, String)> = deployment
+        .sql(&format!(
+            "SELECT stream_id, instance_name, cache_func FROM cache_invalidation_stream_by_instance \
+             WHERE stream_id > {before} ORDER BY stream_id"
+        ))
+        .iter()
+        .map(|row| {
+            let text = |at: usize| row[at].as_str().expect("text").to_owned();
+            (row[0].as_i64().expect("an id"), text(1), text(2))
+        })
+        .collect();
+    eprintln!("caches written in the burst: {written:?}");
+    let all: Vec<i64> = deployment
+        .sql("SELECT stream_id FROM cache_invalidation_stream_by_instance")
+        .iter()
+        .map(|row| row[0].as_i64().expect("an id"))
+        .collect();
+    assert_distinct(&all, "caches");
+    let last_value = deployment.sql("SELECT last_value FROM cache_invalidation_stream_seq")[0][0]
+        .as_i64()
+        .expect("last_value");
+    assert!(
+        all.iter().all(|&id| id <= last_value),
+        "{all:?} past {last_value}"
+    );
+    let of = |instance: &str| -> Vec<i64> {
+        written
+            .iter()
+            .filter(|(_, by, _)| by == instance)
+            .map(|&(id, _, _)| id)
+            .collect()
+    };
+    let rust_funcs: Vec<&str> = written
+        .iter()
+        .filter(|(_, by, _)| by == WRITER)
+        .map(|(_, _, func)| func.as_str())
+        .collect();
+    assert_eq!(
+        rust_funcs
+            .iter()
+            .filter(|&&func| func == "ignored_users")
+            .count(),
+        ignorers.len(),
+        "{written:?}"
+    );
+    // Main is `master` on the wire and in the table.
+    for instance in ["master", "persister1"] {
+        assert!(
+            !of(instance).is_empty(),
+            "no caches row of {instance}: {written:?}"
+        );
+    }
+
+    // Each Synapse process dropped each ignorer's cached list: bob's
+    // message no longer reaches their /sync there (a control message
+    // after it shows the process got that far).
+    for process in processes {
+        let since: Vec<String> = ignorers
+            .iter()
+            .map(|ignorer| ignorer.sync_on(process, None).0)
+            .collect();
+        let ignored = send(&deployment, &bob.token, &room, "after the burst");
+        let control = send(&deployment, &alice.token, &room, "control");
+        for (ignorer, since) in ignorers.iter().zip(&since) {
+            let seen = timeline_until(ignorer, process, since, &room, &control);
+            assert!(
+                !seen.contains(&ignored),
+                "{process} kept {}'s cached ignore list: {seen:?}",
+                ignorer.user_id
+            );
+        }
+    }
+    // And the Rust writer had every row of the others, live or caught up.
+    let deadline = Instant::now() + PATIENCE;
+    for instance in written
+        .iter()
+        .map(|(_, by, _)| by)
+        .filter(|by| *by != WRITER)
+    {
+        for id in of(instance) {
+            let line = format!("caches from {instance} at {id}:");
+            while !writer.log_text().contains(&line) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the writer never had {instance}'s caches row {id}: {}",
+                    writer.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    eprintln!(
+        "phase 5 (caches written at once) took {:?}",
+        phase.elapsed()
+    );
+
+    // 6. Bad input on the writer's endpoints: Synapse's errors (or the
+    //    crate's stricter ones, see BAD_INPUT), nothing written.
+    let phase = Instant::now();
+    let answers = bad_input(&deployment, WRITER, port, &alice.user_id);
+    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
+        assert_eq!(
+            (answer.0.0, answer.0.1.as_str()),
+            case.rust,
+            "{}: {answer:?}",
+            case.what
+        );
+        assert_eq!(answer.1, case.rust_writes, "{}: written", case.what);
+    }
+    eprintln!("phase 6 (bad input) took {:?}", phase.elapsed());
+
     for name in ["main", "persister1"] {
         let errors = deployment.log_errors(name);
         assert!(errors.is_empty(), "{name} logged errors: {errors:#?}");
     }
     writer.terminate();
     eprintln!("whole test took {:?}", started.elapsed());
+}
+
+/// A call with something wrong, and what each writer answers it with
+/// (`(status, errcode)`; `""`: no error), as run here (phase 6 and
+/// `synapse_s_own_writer_given_bad_input`).
+///
+/// Where they differ, the crate is stricter on purpose
+/// (`AccountDataRequest::from_call`, `CatchUpEndpoint`): a wrong or
+/// missing secret is a 401 saying so, where Synapse's `_check_auth` raises
+/// and answers 500; a body without an object `content` is a 400, where
+/// Synapse answers 500 or stores the non-object; and a user id that is
+/// not one, a remote user or a room id that is not one are refused, where
+/// Synapse's writer takes them on trust (main checked the requester) and
+/// writes rows no client can ever read. A local user never registered is
+/// written by both.
+struct BadInput {
+    what: &'static str,
+    /// The endpoint and its arguments, `{user}` for a registered user
+    /// (and `{user_id}` in the body).
+    path: &'static str,
+    /// `None`: no `Authorization`; `Some("")`: the right secret.
+    auth: Option<&'static str>,
+    body: &'static str,
+    rust: (u16, &'static str),
+    /// Whether the Rust writer writes it.
+    rust_writes: bool,
+    synapse: (u16, &'static str),
+    /// Whether Synapse's writer writes it (it takes ids on trust: main
+    /// checked them before calling).
+    synapse_writes: bool,
+}
+
+const BAD_INPUT: &[BadInput] = &[
+    BadInput {
+        what: "no secret",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: None,
+        body: r#"{"content":{"n":1}}"#,
+        rust: (401, "M_MISSING_TOKEN"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a wrong secret",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some("wrong"),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (401, "M_UNKNOWN_TOKEN"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a body that is not JSON",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "nope",
+        rust: (400, "M_NOT_JSON"),
+        rust_writes: false,
+        synapse: (400, "M_NOT_JSON"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a body that is not an object",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "[1]",
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (400, "M_BAD_JSON"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "no content",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: "{}",
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (500, "M_UNKNOWN"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "content that is not an object",
+        path: "add_user_account_data/{user}/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":[1]}"#,
+        rust: (400, "M_BAD_JSON"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a user id that is not one",
+        path: "add_user_account_data/alice/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a remote user",
+        path: "add_user_account_data/%40mallory%3Aremote.org/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        rust: (403, "M_FORBIDDEN"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a remote user's ignore list",
+        path: "add_user_account_data/%40mallory%3Aremote.org/m.ignored_user_list",
+        auth: Some(""),
+        body: r#"{"content":{"ignored_users":{"@spam:remote.org":{}}}}"#,
+        rust: (403, "M_FORBIDDEN"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "a room id that is not one",
+        path: "add_tag/{user}/room/u.work",
+        auth: Some(""),
+        body: r#"{"content":{}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+    BadInput {
+        what: "ignoring oneself",
+        path: "add_user_account_data/{user}/m.ignored_user_list",
+        auth: Some(""),
+        body: r#"{"content":{"ignored_users":{"{user_id}":{}}}}"#,
+        rust: (400, "M_INVALID_PARAM"),
+        rust_writes: false,
+        synapse: (400, "M_INVALID_PARAM"),
+        synapse_writes: false,
+    },
+    BadInput {
+        what: "a local user never registered",
+        path: "add_user_account_data/%40nobody%3Adep.test/org.example.bad",
+        auth: Some(""),
+        body: r#"{"content":{"n":1}}"#,
+        // Neither writer looks the user up: main checked the requester.
+        rust: (200, ""),
+        rust_writes: true,
+        synapse: (200, ""),
+        synapse_writes: true,
+    },
+];
+
+/// Sends each of [`BAD_INPUT`] to `instance`'s replication listener on
+/// `port`, as Synapse's processes call it (its secret, `Host:
+/// <instance>:80`); per case, `((status, errcode), whether the
+/// account-data tables changed)`.
+fn bad_input(
+    deployment: &SynapseDeployment,
+    instance: &str,
+    port: u16,
+    user: &str,
+) -> Vec<((u16, String), bool)> {
+    BAD_INPUT
+        .iter()
+        .map(|case| {
+            let before = account_data_tables(deployment);
+            let path = format!(
+                "/_synapse/replication/{}",
+                case.path.replace("{user}", &segment(user))
+            );
+            let auth = case.auth.map(|auth| {
+                if auth.is_empty() {
+                    deployment.secret.as_str()
+                } else {
+                    auth
+                }
+            });
+            let body = case.body.replace("{user_id}", user);
+            let (status, answer) = raw_post(port, instance, &path, auth, &body);
+            let errcode = answer["errcode"].as_str().unwrap_or("").to_owned();
+            ((status, errcode), account_data_tables(deployment) != before)
+        })
+        .collect()
+}
+
+/// `POST path` with `body` to 127.0.0.1:`port`: its status and JSON body
+/// (`null` if it is not JSON).
+fn raw_post(port: u16, instance: &str, path: &str, auth: Option<&str>, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {instance}:80\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(secret) = auth {
+        request.push_str(&format!("Authorization: Bearer {secret}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("answer");
+    let status = answer
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP: {answer}"));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// A chunked HTTP/1.1 body (Synapse's answers), joined.
+fn dechunk(mut body: &str) -> String {
+    let mut joined = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        joined.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    joined
+}
+
+/// What an account-data writer writes, as one text: its three tables,
+/// tags, `ignored_users`, the ignore caches' invalidations and
+/// `stream_positions` for the stream.
+fn account_data_tables(deployment: &SynapseDeployment) -> String {
+    let table = |sql: &str| format!("(SELECT json_agg(t::text ORDER BY t::text) FROM ({sql}) t)");
+    let query = [
+        "SELECT * FROM account_data",
+        "SELECT * FROM room_account_data",
+        "SELECT * FROM room_tags",
+        "SELECT * FROM room_tags_revisions",
+        "SELECT * FROM ignored_users",
+        "SELECT stream_id, instance_name, cache_func, keys FROM cache_invalidation_stream_by_instance \
+         WHERE cache_func IN ('ignored_users', 'ignored_by')",
+        "SELECT * FROM stream_positions WHERE stream_name = 'account_data'",
+    ]
+    .map(table)
+    .join(", ");
+    serde_json::to_string(&deployment.sql(&format!("SELECT {query}"))).expect("JSON")
+}
+
+/// The highest id in `cache_invalidation_stream_by_instance` (0: none).
+fn max_caches_id(deployment: &SynapseDeployment) -> i64 {
+    deployment.sql("SELECT COALESCE(MAX(stream_id), 0) FROM cache_invalidation_stream_by_instance")
+        [0][0]
+        .as_i64()
+        .expect("an id")
+}
+
+/// The event ids of `room` that `/sync`s on `process` from `since` give,
+/// until `until` is among them.
+fn timeline_until(
+    client: &Client,
+    process: &str,
+    since: &str,
+    room: &str,
+    until: &str,
+) -> Vec<String> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    let mut since = since.to_owned();
+    while !seen.iter().any(|id| id == until) {
+        assert!(
+            Instant::now() < deadline,
+            "{until} never reached /sync on {process}"
+        );
+        let (next, sync) = client.sync_on(process, Some(&since));
+        seen.extend(timeline(&sync, room));
+        since = next;
+    }
+    seen
 }
 
 /// Sends a message to `room` through main; its event id.
@@ -589,4 +1084,92 @@ fn writer_catch_up(deployment: &SynapseDeployment, port: u16, from: i64, to: i64
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .expect("a body")
+}
+
+/// The Rust typing writer of the second test, and its listener.
+const TYPING: &str = "rust_typing";
+
+/// Synapse's own account-data writer (a generic worker owning the
+/// stream) given [`BAD_INPUT`]: what it answers and whether it writes, to
+/// set beside the Rust writer's (phase 6 of the test above). In the same
+/// deployment (PostgreSQL), the Rust typing writer reads the servers in a
+/// room from Synapse's database (its `database` section, no admin token)
+/// to apply federation typing as Synapse's `_recv_edu` does.
+#[test]
+fn synapse_s_own_writer_given_bad_input_and_typing_from_the_database() {
+    let started = Instant::now();
+    let typing_port = free_port();
+    let deployment = SynapseDeployment::start_with(
+        1,
+        &json!({
+            "stream_writers": {"account_data": ["worker1"], "typing": [TYPING]},
+            "instance_map": {TYPING: {"host": "127.0.0.1", "port": typing_port}},
+        }),
+    );
+    let alice = Client::register(&deployment, "alice");
+    let port = deployment.instance("worker1").replication_port;
+    let answers = bad_input(&deployment, "worker1", port, &alice.user_id);
+    for (case, answer) in BAD_INPUT.iter().zip(&answers) {
+        assert_eq!(
+            (answer.0.0, answer.0.1.as_str()),
+            case.synapse,
+            "{}: {answer:?}",
+            case.what
+        );
+        assert_eq!(answer.1, case.synapse_writes, "{}", case.what);
+    }
+    eprintln!("bad input to Synapse's writer took {:?}", started.elapsed());
+
+    // The typing writer, on the deployment's own configuration (its
+    // `database` section; no admin token).
+    let phase = Instant::now();
+    let synapse = synapse_replication::config::SynapseConfig::from_value(deployment.config.clone())
+        .expect("the deployment's config");
+    assert!(synapse.database().is_some());
+    let running = smol::block_on(typing_writer::start(
+        typing_writer::Options {
+            synapse,
+            instance: TYPING.into(),
+            homeserver: deployment.instance("main").client_url.clone(),
+            admin_token: None,
+            state: None,
+        },
+        &format!("127.0.0.1:{typing_port}"),
+        "127.0.0.1:0",
+    ))
+    .expect("the typing writer starts");
+    let writer = running.writer.clone();
+    let room = deployment.create_room(&alice.token);
+    let edu = |txn: &str, origin: &str, user: &str, room: &str| {
+        let body = json!({"origin": origin,
+                          "content": {"room_id": room, "user_id": user, "typing": true}});
+        raw_post(
+            typing_port,
+            TYPING,
+            &format!("/_synapse/replication/fed_send_edu/m.typing/{txn}"),
+            Some(&deployment.secret),
+            &body.to_string(),
+        )
+    };
+    // This server is in the room: applied.
+    let (status, answer) = edu("t1", &deployment.server_name, &alice.user_id, &room);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(writer.typing_in(&room), [alice.user_id.as_str()]);
+    // A server not in the room, and a room this server is not in:
+    // answered, not applied.
+    let (status, _) = edu("t2", "remote.test", "@eve:remote.test", &room);
+    assert_eq!(status, 200);
+    let (status, _) = edu(
+        "t3",
+        &deployment.server_name,
+        &alice.user_id,
+        "!nowhere:dep.test",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(writer.typing_in(&room), [alice.user_id.as_str()]);
+    // (applied, ignored, unchecked): every EDU checked against the
+    // database, none left unchecked.
+    assert_eq!(writer.edus.get(), (1, 2, 0));
+    eprintln!("typing from the database took {:?}", phase.elapsed());
+    eprintln!("whole test took {:?}", started.elapsed());
 }

@@ -12,7 +12,7 @@ use futures::channel::oneshot;
 use futures::lock::Mutex;
 use synapse_replication::config::SynapseConfig;
 use synapse_replication::http::{AccountDataAnswer, AccountDataRequest, CatchUpEndpoint};
-use synapse_replication::positions::{BoxError, CatchUpPage, CatchUpRequest};
+use synapse_replication::positions::{BoxError, CatchUpPage, CatchUpRequest, FollowerEvent};
 use synapse_replication::session::RedisEvent;
 use synapse_replication::transport::postgres::{
     AccountDataCatchUp, AccountDataStore, CacheInvalidations, CachesCatchUp, PostgresConnect,
@@ -204,6 +204,23 @@ async fn redis_task(mut redis: RedisClient<SmolRuntime>, stop: oneshot::Receiver
             }
             Some(event @ (RedisEvent::Disconnected { .. } | RedisEvent::WriteFailed { .. })) => {
                 eprintln!("account-data writer: redis {event}");
+            }
+            Some(RedisEvent::Follower(FollowerEvent::Rows {
+                stream: StreamName::Caches,
+                writer,
+                token,
+                rows,
+                source,
+            })) => {
+                // Another process's invalidations (this one's own echoes
+                // never come back from the follower). The writer keeps
+                // none of Synapse's caches, so applying them is noting
+                // them; an application with caches drops the entries the
+                // rows name here. The test of this example reads the line.
+                eprintln!(
+                    "account-data writer: caches from {writer} at {token}: {} rows ({source:?})",
+                    rows.len()
+                );
             }
             Some(_) => {}
         }

@@ -36,9 +36,12 @@
 //!   (remote servers repeat it), answers a retried txn id without applying
 //!   it again (for 30 minutes), and answers 200 even when it ignores one;
 //!   malformed requests get Synapse's JSON errors. The servers in a room
-//!   come from the admin API (`/_synapse/admin/v1/rooms/{roomId}/members`),
-//!   with `--admin-token`, a server admin's access token; without one,
-//!   remote typing is answered but not applied. Outbound typing needs
+//!   come from Synapse's PostgreSQL when `--config` has a `database`
+//!   section (built with the `postgres` feature; Synapse's own
+//!   `get_current_hosts_in_room` query), else from the admin API
+//!   (`/_synapse/admin/v1/rooms/{roomId}/members`) with `--admin-token`, a
+//!   server admin's access token; with neither, remote typing is answered
+//!   but not applied. Outbound typing needs
 //!   nothing here: Synapse's federation sender sends it from the rows.
 //!
 //! and publishes `typing` rows (`[room_id, [user_id, ...]]`, one token per

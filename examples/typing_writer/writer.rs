@@ -11,6 +11,8 @@
 // `#[path]`).
 #[path = "federation.rs"]
 pub mod federation;
+#[path = "hosts.rs"]
+pub mod hosts;
 #[path = "restart.rs"]
 pub mod restart;
 
@@ -74,6 +76,8 @@ pub struct Options {
     pub homeserver: String,
     /// A server admin's access token on `homeserver`, for the admin API
     /// that says which servers are in a room (inbound federation typing).
+    /// Not needed, and not used, when `synapse` has a `database` section:
+    /// the servers are then read from Synapse's database.
     pub admin_token: Option<String>,
     /// Where the writer keeps its last token and the rooms with someone
     /// typing (`--state FILE`), so that a restart starts above the old
@@ -133,8 +137,9 @@ pub struct TypingWriter {
     members: Mutex<Expiring<(String, String), bool>>,
     /// This homeserver's name, to check that it is in a room.
     server_name: String,
-    /// A server admin's token, for the admin API's room members.
-    admin_token: Option<String>,
+    /// Where the servers in a room are read: Synapse's database, or the
+    /// admin API's room members with a server admin's token.
+    hosts_source: hosts::HostsSource,
     /// The servers with a joined user, per room.
     hosts: Mutex<Expiring<String, Hosts>>,
     /// What became of the forwarded EDUs.
@@ -330,17 +335,18 @@ pub async fn start(options: Options, listen: &str, client_listen: &str) -> io::R
         token_hasher: [RandomState::new(), RandomState::new()],
         members: Mutex::new(Expiring::new(CACHED, AUTH_CACHE)),
         server_name: options.synapse.server_name().to_owned(),
-        admin_token: options.admin_token.clone(),
+        hosts_source: hosts::HostsSource::open(&options.synapse, options.admin_token.clone())
+            .await?,
         hosts: Mutex::new(Expiring::new(HOSTS_CACHED, AUTH_CACHE)),
         edus: EduCounters::default(),
         served: served.clone(),
         answered: Mutex::new(VecDeque::new()),
     });
 
-    if writer.admin_token.is_none() {
+    if writer.hosts_source.is_none() {
         eprintln!(
-            "typing writer: no admin token: typing EDUs from federation are answered but not \
-             applied, for the servers in a room cannot be checked"
+            "typing writer: no database section and no admin token: typing EDUs from federation \
+             are answered but not applied, for the servers in a room cannot be checked"
         );
     }
 
@@ -703,18 +709,22 @@ impl TypingWriter {
 
     /// `_recv_edu`'s checks: the user is of the origin, and this server
     /// and the origin are both in the room. The servers in a room come
-    /// from the admin API (`GET /_synapse/admin/v1/rooms/{roomId}/members`,
-    /// the joined users, as `get_current_hosts_in_room` derives them):
-    /// the client API shows a room's members only to a member, and no
-    /// member's token is at hand for a remote user's EDU.
+    /// from Synapse's database (`get_current_hosts_in_room`'s query) when
+    /// the configuration has a `database` section, else from the admin
+    /// API (`GET /_synapse/admin/v1/rooms/{roomId}/members`, the joined
+    /// users, as `get_current_hosts_in_room` derives them): the client API
+    /// shows a room's members only to a member, and no member's token is
+    /// at hand for a remote user's EDU.
     async fn check_edu(&self, edu: &federation::TypingEdu) -> Verdict {
         if edu.user_server() != edu.origin {
             return Verdict::Ignore(format!("the user is not of the origin {}", edu.origin));
         }
-        let Some(admin_token) = &self.admin_token else {
-            return Verdict::Unchecked("no admin token to check the room's servers".into());
-        };
-        let hosts = match self.hosts_in_room(admin_token, &edu.room_id).await {
+        if self.hosts_source.is_none() {
+            return Verdict::Unchecked(
+                "no database section or admin token to check the room's servers".into(),
+            );
+        }
+        let hosts = match self.hosts_in_room(&edu.room_id).await {
             Ok(hosts) => hosts,
             Err(error) => return Verdict::Unchecked(format!("room members: {error}")),
         };
@@ -729,10 +739,20 @@ impl TypingWriter {
 
     /// The servers with a joined user in `room` (none for a room the
     /// homeserver does not know), cached briefly.
-    async fn hosts_in_room(&self, admin_token: &str, room: &str) -> io::Result<Hosts> {
+    async fn hosts_in_room(&self, room: &str) -> io::Result<Hosts> {
         if let Some(hosts) = lock(&self.hosts).get(&room.to_owned()) {
             return Ok(hosts);
         }
+        let admin_token = match &self.hosts_source {
+            #[cfg(feature = "postgres")]
+            hosts::HostsSource::Database(client) => {
+                let hosts = Arc::new(hosts::HostsSource::from_database(client, room).await?);
+                lock(&self.hosts).insert(room.to_owned(), hosts.clone());
+                return Ok(hosts);
+            }
+            hosts::HostsSource::AdminApi(token) => token,
+            hosts::HostsSource::None => return Ok(Arc::new(BTreeSet::new())),
+        };
         let path = format!("/_synapse/admin/v1/rooms/{}/members", quote(room));
         let (status, body) = get(&self.homeserver, &path, admin_token).await?;
         let hosts: BTreeSet<String> = match status {

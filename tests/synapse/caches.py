@@ -12,7 +12,7 @@ on PostgreSQL.
     python caches.py schema
         Prints, one per line (JSON strings), the statements of Synapse's
         full schema that create the caches stream's table, indexes and
-        sequence.
+        sequence, and `stream_positions`.
 
     python caches.py run DBNAME < ops.json
         Runs each op in its own transaction and prints a JSON list of
@@ -24,6 +24,14 @@ on PostgreSQL.
           {"op": "page", "instance", "from", "to", "limit"}
               -> {"body": the endpoint's answer as json_encoder writes it,
                   "lines": [the RDATA line its writer sends for each row]}
+
+    python caches.py position DBNAME INSTANCE
+        Starts the `caches` id generator as cache.py builds it for INSTANCE
+        on PostgreSQL (a real MultiWriterIdGenerator, `writers=[]`,
+        loading from the database as at a process's startup) and prints
+        the position that process announces for itself (`POSITION caches
+        INSTANCE N N`: `CachesStream`'s current token,
+        `get_cache_stream_token_for_writer`) as a JSON number.
 """
 
 import asyncio
@@ -36,9 +44,10 @@ import psycopg2
 import psycopg2.extras
 import synapse
 from synapse.replication.tcp.commands import RdataCommand
-from synapse.storage.database import DatabasePool
+from synapse.storage.database import DatabasePool, LoggingDatabaseConnection
 from synapse.storage.databases.main.cache import CacheInvalidationWorkerStore
 from synapse.storage.engines import PostgresEngine
+from synapse.storage.util.id_generators import MultiWriterIdGenerator
 from synapse.storage.util.sequence import PostgresSequenceGenerator
 from synapse.util.json import json_encoder
 
@@ -159,7 +168,10 @@ def schema():
         statement = "\n".join(
             line for line in statement.splitlines() if not line.startswith("--")
         ).strip()
-        if re.search(r"\bcache_invalidation_stream_(by_instance|seq)\b", statement):
+        # And `stream_positions`, which every id generator reads at startup.
+        if re.search(
+            r"\b(cache_invalidation_stream_(by_instance|seq)|stream_positions)\b", statement
+        ):
             print(json.dumps(statement + ";"))
 
 
@@ -206,9 +218,45 @@ def run(dbname):
     print(json.dumps(results))
 
 
+class Notifier:
+    def notify_replication(self):
+        pass
+
+
+class Pool:
+    """What MultiWriterIdGenerator reads of its DatabasePool at startup."""
+
+    engine = PostgresEngine({"name": "psycopg2", "args": {}})
+
+
+def position(dbname, instance):
+    conn = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname=dbname)
+    db_conn = LoggingDatabaseConnection(
+        conn=conn, engine=Pool.engine, default_txn_name="startup", server_name="example.com"
+    )
+    # As CacheInvalidationWorkerStore.__init__ builds it on PostgreSQL.
+    ids = MultiWriterIdGenerator(
+        db_conn=db_conn,
+        db=Pool(),
+        notifier=Notifier(),
+        stream_name="caches",
+        server_name="example.com",
+        instance_name=instance,
+        tables=[("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
+        sequence_name="cache_invalidation_stream_seq",
+        writers=[],
+    )
+    conn.commit()
+    conn.close()
+    # CachesStream.current_token(instance): get_cache_stream_token_for_writer.
+    print(json.dumps(ids.get_current_token_for_writer(instance)))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["schema"]:
         schema()
+    elif sys.argv[1:2] == ["position"] and len(sys.argv) == 4:
+        position(sys.argv[2], sys.argv[3])
     elif sys.argv[1:2] == ["run"] and len(sys.argv) == 3:
         run(sys.argv[2])
     else:

@@ -217,6 +217,38 @@ fn millis(at: SystemTime) -> i64 {
 impl<S: CachesStore> CacheInvalidations<S> {
     /// Reads the stream's ids back (Synapse gives `caches` no writers:
     /// its position starts at the highest id in the table).
+    ///
+    /// # Where a restarted writer starts
+    ///
+    /// At the highest `stream_id` in `cache_invalidation_stream_by_instance`,
+    /// of any instance (at least 1), which is what Synapse 1.163.2's own
+    /// processes announce after a restart: `CacheInvalidationWorkerStore`
+    /// builds its `MultiWriterIdGenerator` with `writers=[]`, so
+    /// `_load_current_ids` reads no `stream_positions` and no sequence,
+    /// only `MAX(stream_id)`, and `get_current_token_for_writer` of itself
+    /// (what `POSITION caches <me>` carries) is that. The test
+    /// `a_restarted_writer_starts_where_synapse_s_own_writer_starts`
+    /// (tests/postgres_caches.rs) runs Synapse's generator on the same
+    /// database and compares.
+    ///
+    /// That can be below what this writer announced before the restart,
+    /// and followers then log a fetch "between 20 and 18", harmlessly:
+    ///
+    /// - ids whose transaction rolled back carry no row, yet the position
+    ///   passed them (they are finished, as Synapse's
+    ///   `call_on_exception` finishes them);
+    /// - a Synapse follower's token for a writer is at least its own
+    ///   `_persisted_upto_position` (`get_current_token_for_writer` of
+    ///   another instance), which other processes' ids move.
+    ///
+    /// A follower whose token is above the announced position fetches
+    /// `(20, 18]`, gets nothing, and takes 18; this writer's next ids come
+    /// from the sequence, above both. Announcing the old, higher position
+    /// again would need it kept somewhere Synapse does not keep it, and
+    /// buys nothing: the position is a claim about this instance's rows,
+    /// every one of which at or below the table's maximum is committed,
+    /// and a process just started has none in flight. So it never
+    /// announces a position beyond what is persisted.
     pub async fn load(
         store: S,
         own: InstanceName,
