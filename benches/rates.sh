@@ -16,7 +16,10 @@
 # (per-process outputs, results.txt, and bin/: the tools as built),
 # RATES_BIN=DIR uses drain, bare_drain and flood from DIR instead of
 # building them (to compare builds), OUT=FILE copies the per-run results
-# there (the input of benches/rates_plot.py).
+# there (the input of benches/rates_plot.py), B_BIN=DIR adds the drains of
+# another build (DIR/drain, such as a KEEP=1 run's bin/) beside this one's:
+# drain-smol-b and drain-tokio-b, an A/B comparison within each run, under
+# the same traffic and the same load.
 #
 # Each run: five subscribers side by side, all subscribed to CHANNEL and
 # CHANNEL/USER_IP before anything is published:
@@ -61,6 +64,12 @@ SENTINEL="PING rates-sentinel-$$"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/rates.XXXXXX")
 SUBSCRIBERS="drain-smol drain-tokio bare bare-smol bare-tokio"
+DRAINS="drain-smol drain-tokio"
+if [ -n "${B_BIN:-}" ]; then
+    [ -x "$B_BIN/drain" ] || { echo "rates.sh: $B_BIN/drain missing" >&2; exit 2; }
+    SUBSCRIBERS="$SUBSCRIBERS drain-smol-b drain-tokio-b"
+    DRAINS="$DRAINS drain-smol-b drain-tokio-b"
+fi
 
 for tool in redis-server redis-cli cargo awk; do
     command -v "$tool" >/dev/null || { echo "rates.sh: $tool is required" >&2; exit 2; }
@@ -95,6 +104,7 @@ fi
 echo "== rates: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, load average $(loadavg)"
 echo "   $(uname -srm); $(redis-server --version | cut -d' ' -f1-3); $(rustc --version)"
 echo "   commit $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet HEAD || echo ' (with changes)')"
+[ -n "${B_BIN:-}" ] && echo "   drain-smol-b, drain-tokio-b: $B_BIN/drain"
 echo "   $REPS repetitions of rates $RATES msgs/s, ${SECONDS_EACH} s each; redis-server on 127.0.0.1:$PORT"
 
 if [ -n "${RATES_BIN:-}" ]; then
@@ -169,16 +179,19 @@ run() {
     local -A pid
     local common=(--port "$PORT" --channel "$CHANNEL" --sentinel "$SENTINEL")
     # The drains first, one at a time: the REPLICATE each sends once
-    # subscribed must not reach the bare readers (the other drain counts it
-    # as one message more, which it ignores).
-    "$BIN/drain" "${common[@]}" --runtime smol >"$dir/drain-smol.out" 2>"$dir/drain-smol.err" &
-    pid[drain-smol]=$!
-    wait_ready "$dir/drain-smol.err"
-    "$BIN/drain" "${common[@]}" --runtime tokio >"$dir/drain-tokio.out" 2>"$dir/drain-tokio.err" &
-    pid[drain-tokio]=$!
-    wait_ready "$dir/drain-tokio.err"
+    # subscribed must not reach the bare readers (the drains before it
+    # count it as one message more, which the figures ignore: they divide
+    # by the messages published).
+    local who bin runtime
+    for who in $DRAINS; do
+        bin=$BIN
+        if [ "${who%-b}" != "$who" ]; then bin=$B_BIN; fi
+        runtime=${who#drain-}
+        "$bin/drain" "${common[@]}" --runtime "${runtime%-b}" >"$dir/$who.out" 2>"$dir/$who.err" &
+        pid[$who]=$!
+        wait_ready "$dir/$who.err"
+    done
     sleep 0.2
-    local who runtime
     for who in bare bare-smol bare-tokio; do
         runtime=${who#bare-}
         [ "$who" = bare ] && runtime=std
@@ -186,7 +199,7 @@ run() {
             >"$dir/$who.out" 2>"$dir/$who.err" &
         pid[$who]=$!
     done
-    wait_subscribers 5
+    wait_subscribers "$(echo "$SUBSCRIBERS" | wc -w)"
     sleep 0.2
     local -A cpu0 sw0
     for who in $SUBSCRIBERS; do
@@ -279,6 +292,7 @@ done
 echo
 echo "== CPU ratios within each run, median (range) of $REPS runs"
 pairs="drain-smol/bare drain-tokio/bare drain-smol/bare-smol drain-tokio/bare-tokio bare-smol/bare bare-tokio/bare"
+[ -n "${B_BIN:-}" ] && pairs="$pairs drain-smol-b/drain-smol drain-tokio-b/drain-tokio"
 printf "%-7s" "msgs/s"
 for pair in $pairs; do printf " %-24s" "$pair"; done
 echo
