@@ -167,6 +167,16 @@ switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches:/ { n += $2 } EN
 # `key=value` from a figures line.
 field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 
+# `rotate N WORD...`: the words, starting from the Nth (turning round).
+rotate() {
+    local n=$1
+    shift
+    local words=("$@") i
+    for i in $(seq 0 $(($# - 1))); do
+        echo "${words[$(((i + n - 1) % $#))]}"
+    done
+}
+
 RESULTS=$WORK/results.txt
 : >"$RESULTS"
 
@@ -182,8 +192,12 @@ run() {
     # subscribed must not reach the bare readers (the drains before it
     # count it as one message more, which the figures ignore: they divide
     # by the messages published).
+    # The order they subscribe in (the order Redis writes each message to
+    # them) turns from one repetition to the next, among the drains and
+    # among the bare readers: a subscriber later in that order was
+    # measured to pay more for its wake-ups (up to a third, on smol).
     local who bin runtime
-    for who in $DRAINS; do
+    for who in $(rotate "$rep" $DRAINS); do
         bin=$BIN
         if [ "${who%-b}" != "$who" ]; then bin=$B_BIN; fi
         runtime=${who#drain-}
@@ -192,7 +206,7 @@ run() {
         wait_ready "$dir/$who.err"
     done
     sleep 0.2
-    for who in bare bare-smol bare-tokio; do
+    for who in $(rotate "$rep" bare bare-smol bare-tokio); do
         runtime=${who#bare-}
         [ "$who" = bare ] && runtime=std
         "$BIN/bare_drain" "${common[@]}" --validate --runtime "$runtime" \
