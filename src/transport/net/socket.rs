@@ -20,17 +20,9 @@ use crate::transport::runtime::{BoxConnection, BoxFuture, Runtime};
 /// armed. A later deadline (a keep-alive deadline moves with every input)
 /// keeps the armed sleep, and is looked at again when that fires: a busy
 /// connection does not create and register a new timer at every wake-up.
-///
-/// The armed sleep is polled only once it has woken the task (or when it
-/// is new), as a socket is read only once it has (see [`Readiness`]): a
-/// driver polls its timer at every pass, and at a live deployment's rate
-/// nearly every pass is for a message, not for the timer. Polling a
-/// pending sleep is not free (tokio enters its runtime's context and
-/// checks the sleep's registration; smol reads the clock); the flag is.
 pub(crate) struct Timer {
     armed: Option<Instant>,
     sleep: Option<BoxFuture<'static, ()>>,
-    fired: Arc<Readiness>,
 }
 
 impl Timer {
@@ -38,10 +30,6 @@ impl Timer {
         Timer {
             armed: None,
             sleep: None,
-            fired: Arc::new(Readiness {
-                woken: AtomicBool::new(true),
-                task: AtomicWaker::new(),
-            }),
         }
     }
 
@@ -60,19 +48,11 @@ impl Timer {
         if self.armed.is_none_or(|armed| deadline < armed) {
             self.arm(runtime, deadline);
         }
-        // Registered before the flag is looked at, so a wake between the
-        // two still reaches the task.
-        self.fired.task.register(cx.waker());
-        if !self.fired.woken.swap(false, Ordering::AcqRel) {
-            return false;
-        }
-        let waker = waker_ref(&self.fired);
-        let mut sleep_cx = Context::from_waker(&waker);
         loop {
             let Some(sleep) = self.sleep.as_mut() else {
                 return false;
             };
-            if sleep.as_mut().poll(&mut sleep_cx).is_pending() {
+            if sleep.as_mut().poll(cx).is_pending() {
                 return false;
             }
             if self.armed == Some(deadline) {
@@ -80,17 +60,14 @@ impl Timer {
                 return true;
             }
             // It fired for an earlier deadline than the current one:
-            // sleep on until that (polled by the next turn of the loop).
-            self.armed = Some(deadline);
-            self.sleep = Some(runtime.sleep_until(deadline));
+            // sleep on until that.
+            self.arm(runtime, deadline);
         }
     }
 
-    /// A new sleep, polled at once (to register it).
     fn arm(&mut self, runtime: &dyn Runtime, deadline: Instant) {
         self.armed = Some(deadline);
         self.sleep = Some(runtime.sleep_until(deadline));
-        self.fired.woken.store(true, Ordering::Release);
     }
 
     fn disarm(&mut self) {
@@ -107,9 +84,8 @@ pub(crate) struct Link {
     readable: Arc<Readiness>,
 }
 
-/// The waker a socket's reads (and a timer's sleep) register: it records
-/// that the socket asked to be read (or the sleep ended) before waking the
-/// task. A driver polls all its sockets each
+/// The waker a socket's reads register: it records that the socket asked
+/// to be read before waking the task. A driver polls all its sockets each
 /// time its task wakes; without this, every wake-up of a busy subscriber
 /// would cost a read (a system call that finds nothing) on each idle
 /// socket beside it.
@@ -374,9 +350,6 @@ mod tests {
     struct ClockState {
         now: Option<Instant>,
         sleeps: Vec<Instant>,
-        /// Polls of the sleeps, and the wakers of those pending.
-        polls: usize,
-        waiting: Vec<Waker>,
     }
 
     impl Clock {
@@ -390,21 +363,6 @@ mod tests {
 
         fn sleeps(&self) -> Vec<Instant> {
             self.0.lock().expect("clock").sleeps.clone()
-        }
-
-        /// Moves the clock, waking the pending sleeps (each looks again
-        /// whether it is due, as a runtime's timer wheel would).
-        fn set(&self, now: Instant) {
-            let waiting = {
-                let mut state = self.0.lock().expect("clock");
-                state.now = Some(now);
-                std::mem::take(&mut state.waiting)
-            };
-            waiting.into_iter().for_each(Waker::wake);
-        }
-
-        fn polls(&self) -> usize {
-            self.0.lock().expect("clock").polls
         }
     }
 
@@ -423,14 +381,10 @@ mod tests {
         fn sleep_until(&self, deadline: Instant) -> BoxFuture<'static, ()> {
             self.0.0.lock().expect("clock").sleeps.push(deadline);
             let clock = self.0.clone();
-            Box::pin(futures::future::poll_fn(move |cx| {
-                let now = clock.now();
-                let mut state = clock.0.lock().expect("clock");
-                state.polls += 1;
-                if now >= deadline {
+            Box::pin(futures::future::poll_fn(move |_| {
+                if clock.now() >= deadline {
                     Poll::Ready(())
                 } else {
-                    state.waiting.push(cx.waker().clone());
                     Poll::Pending
                 }
             }))
@@ -442,7 +396,7 @@ mod tests {
         let clock = Arc::new(Clock::default());
         let start = Instant::now();
         let at = |ms: u64| start + std::time::Duration::from_millis(ms);
-        let set = |ms: u64| clock.set(at(ms));
+        let set = |ms: u64| clock.0.lock().expect("clock").now = Some(at(ms));
         let runtime = ClockRuntime(clock.clone());
         let task = Arc::new(Task::default());
         let task_waker = waker(task.clone());
@@ -457,15 +411,6 @@ mod tests {
             assert!(!timer.poll(&runtime, at(100 + ms), at(ms), &mut cx));
         }
         assert_eq!(clock.sleeps(), vec![at(100)]);
-        // Nor is the armed sleep polled again before it wakes the task:
-        // once, when it was armed (the clock's moves woke it, each time
-        // to find it pending).
-        assert!(!timer.poll(&runtime, at(150), at(49), &mut cx));
-        assert!(!timer.poll(&runtime, at(150), at(49), &mut cx));
-        let polls = clock.polls();
-        assert!(polls <= 50, "{polls} polls of one sleep");
-        assert!(!timer.poll(&runtime, at(150), at(49), &mut cx));
-        assert_eq!(clock.polls(), polls);
         // The armed sleep fires before the current deadline: it is not
         // due, and the timer sleeps on until it.
         set(100);
