@@ -18,6 +18,7 @@ import statistics
 from collections import defaultdict
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -82,6 +83,14 @@ def main():
         draw(axes, runs, *subscriber)
     axes.set_xscale("log")
     axes.set_yscale("log")
+    # Plain numbers on both axes: the rates measured, and round CPU times.
+    rates = sorted({rate for subscriber in runs.values() for rate in subscriber})
+    axes.set_xticks(rates, [f"{rate:,}" for rate in rates])
+    axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    low, high = axes.get_ylim()
+    axes.set_yticks([t for t in (0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500) if low <= t <= high])
+    axes.set_ylim(low, high)
     axes.set_xlabel("messages a second (realistic mix, paced)")
     axes.set_ylabel("CPU per message (us, user + system, all threads)")
     axes.set_title(args.title, fontsize=11)
