@@ -21,7 +21,7 @@
 # drain-smol-b and drain-tokio-b, an A/B comparison within each run, under
 # the same traffic and the same load.
 #
-# Each run: five subscribers side by side, all subscribed to CHANNEL and
+# Each run: five subscribers side by side (seven with B_BIN), all subscribed to CHANNEL and
 # CHANNEL/USER_IP before anything is published:
 #   drain-smol    benches/tools/drain.rs on smol: the crate's whole receive
 #                 path (RedisClient, RedisSession, the follower);
@@ -36,9 +36,10 @@
 #                 crate's in it.
 # Then `flood --rate R` publishes the realistic mix (benches/tools/mix.rs)
 # at R messages a second for SECONDS_EACH seconds, each line in a write of
-# its own when it is due, then the sentinel. The order of the rates turns
-# from one repetition to the next, so that a drift in the machine's load
-# does not fall on one rate.
+# its own when it is due, then the sentinel. The order of the rates, and
+# the order the subscribers subscribe in (the drains first), turn from one
+# repetition to the next, so that neither a drift in the machine's load nor
+# a place in Redis' fan-out falls on one of them.
 #
 # Per subscriber and run: its CPU time (user + system, every thread: the
 # sum of /proc/PID/task/*/schedstat, ns) and its context switches (every
@@ -47,8 +48,9 @@
 # published. The script samples both before publishing; each subscriber
 # reports both when it sees the sentinel, just before it exits. CPU time
 # is each process's own, not wall time: on a shared machine the figures
-# hold as long as the subscribers are not starved (the rate each one saw is
-# checked: all must count every message).
+# hold as long as the subscribers are not starved (each must reach the
+# sentinel, or its run is marked lost; the messages each counted are
+# printed beside those published).
 #
 # Output: per run, then per rate the median and range over the repetitions
 # of CPU us/msg and context switches per message, and the ratios of the
