@@ -6,7 +6,7 @@
 //! ```text
 //! cargo bench --bench bare_drain -- --port 6390 \
 //!     [--channel e2e.example.com] [--sentinel "PING drain-sentinel"] [--read-buffer 262144] \
-//!     [--validate]
+//!     [--validate] [--runtime std|smol|tokio]
 //! redis-cli -p 6390 SUBSCRIBE e2e.example.com e2e.example.com/USER_IP \
 //!     | cargo bench --bench bare_drain -- --redis-cli [--sentinel LINE]
 //! ```
@@ -22,6 +22,11 @@
 //! work can never be skipped) and reports how many failed (`invalid=`):
 //! the floor with the protocol's one unavoidable per-row cost on top.
 //!
+//! `--runtime smol` and `--runtime tokio` read the same way through that
+//! runtime's socket and executor (`smol::block_on`, a current-thread
+//! tokio runtime), as the crate's drain does: what a wake-up costs on
+//! each runtime with nothing of the crate's in it (`benches/rates.sh`).
+//!
 //! With `--redis-cli` it counts `redis-cli SUBSCRIBE`'s output on stdin
 //! instead (three lines per message: `message`, the channel, the payload,
 //! as redis-cli prints them when stdout is not a terminal), so that
@@ -34,7 +39,9 @@
 //! ```
 //!
 //! `cpu_s` is the process's CPU time from its start (with `--redis-cli`:
-//! the counter's own, not redis-cli's).
+//! the counter's own, not redis-cli's); two more fields end the line:
+//! `cpu_ns`, the same in ns, and `switches`, the process's context switches
+//! (every thread), which `benches/rates.sh` subtracts its own samples from.
 //!
 //! `seconds` runs from the first message to the sentinel. Exit status 0 at
 //! the sentinel, 1 if the connection (or redis-cli's output) ended first.
@@ -51,10 +58,23 @@ struct Args {
     read_buffer: usize,
     redis_cli: bool,
     validate: bool,
+    runtime: Runtime,
+}
+
+/// What reads the socket (`--runtime`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Runtime {
+    /// A blocking std socket: the floor.
+    Std,
+    /// smol's `Async` socket on `smol::block_on`.
+    Smol,
+    /// A current-thread tokio runtime.
+    Tokio,
 }
 
 const USAGE: &str = "usage: bare_drain (--port PORT | --redis-cli) [--channel NAME] \
-                     [--sentinel LINE] [--read-buffer BYTES] [--validate]";
+                     [--sentinel LINE] [--read-buffer BYTES] [--validate] \
+                     [--runtime std|smol|tokio]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
@@ -64,6 +84,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         read_buffer: 256 << 10,
         redis_cli: false,
         validate: false,
+        runtime: Runtime::Std,
     };
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -84,6 +105,14 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--redis-cli" => parsed.redis_cli = true,
             "--validate" => parsed.validate = true,
+            "--runtime" => {
+                parsed.runtime = match value("--runtime")?.as_str() {
+                    "std" => Runtime::Std,
+                    "smol" => Runtime::Smol,
+                    "tokio" => Runtime::Tokio,
+                    other => return Err(format!("--runtime: std, smol or tokio, not {other:?}")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -157,9 +186,11 @@ impl Counter<'_> {
         let cpu = process_cpu();
         eprintln!(
             "{name} count={} seconds={seconds:.3} rate={rate:.0} cpu_s={cpu:.3} \
-             cpu_us_per_msg={:.3} ended={ended}{invalid}",
+             cpu_us_per_msg={:.3} ended={ended}{invalid} cpu_ns={:.0} switches={}",
             self.count,
-            cpu * 1e6 / self.count.max(1) as f64
+            cpu * 1e6 / self.count.max(1) as f64,
+            cpu * 1e9,
+            process_switches()
         );
         if self.done {
             ExitCode::SUCCESS
@@ -199,7 +230,11 @@ fn main() -> ExitCode {
         invalid: 0,
     };
     let result = match args.port {
-        Some(port) => subscribe(&args, port, &mut counter),
+        Some(port) => match args.runtime {
+            Runtime::Std => subscribe(&args, port, &mut counter),
+            Runtime::Smol => subscribe_smol(&args, port, &mut counter),
+            Runtime::Tokio => subscribe_tokio(&args, port, &mut counter),
+        },
         None => redis_cli(&args, &mut counter),
     };
     if let Err(error) = result {
@@ -269,16 +304,18 @@ fn frame(buf: &[u8]) -> io::Result<Option<Push<'_>>> {
     Ok(Some((kind, payload, end)))
 }
 
-fn subscribe(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_nodelay(true)?;
+/// The subscription request: `CLIENT SETNAME` (so that `CLIENT LIST`, and
+/// Redis' log, tell this reader apart from the crate's drain and from a
+/// validating one beside it) and `SUBSCRIBE` to both channels.
+fn subscribe_command(args: &Args) -> io::Result<Vec<u8>> {
     let user_ip = format!("{}/USER_IP", args.channel);
-    // Named, so that `CLIENT LIST` (and Redis' log) tell it apart, from
-    // the crate's drain and from a validating one beside it.
-    let name = if args.validate {
-        "bare_json"
-    } else {
-        "bare_drain"
+    let name = match (args.validate, args.runtime) {
+        (false, Runtime::Std) => "bare_drain",
+        (true, Runtime::Std) => "bare_json",
+        (false, Runtime::Smol) => "bare_smol",
+        (true, Runtime::Smol) => "bare_json_smol",
+        (false, Runtime::Tokio) => "bare_tokio",
+        (true, Runtime::Tokio) => "bare_json_tokio",
     };
     let mut command = b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n".to_vec();
     write!(command, "${}\r\n{name}\r\n", name.len())?;
@@ -286,43 +323,122 @@ fn subscribe(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()
     for channel in [args.channel.as_str(), user_ip.as_str()] {
         write!(command, "${}\r\n{channel}\r\n", channel.len())?;
     }
-    stream.write_all(&command)?;
-    let mut buf = vec![0u8; args.read_buffer.max(4096)];
-    let mut filled = 0;
-    let mut named = false;
-    loop {
-        if filled == buf.len() {
-            // One frame larger than the buffer: grow it.
-            buf.resize(buf.len() * 2, 0);
+    Ok(command)
+}
+
+/// What the reader has read and not yet counted: the same for every
+/// runtime, so that they differ only in how the bytes arrive.
+struct Pushes {
+    buf: Vec<u8>,
+    filled: usize,
+    named: bool,
+}
+
+impl Pushes {
+    fn new(args: &Args) -> Pushes {
+        Pushes {
+            buf: vec![0u8; args.read_buffer.max(4096)],
+            filled: 0,
+            named: false,
         }
-        let n = stream.read(&mut buf[filled..])?;
+    }
+
+    /// Where the next read goes.
+    fn space(&mut self) -> &mut [u8] {
+        if self.filled == self.buf.len() {
+            // One frame larger than the buffer: grow it.
+            self.buf.resize(self.buf.len() * 2, 0);
+        }
+        &mut self.buf[self.filled..]
+    }
+
+    /// Counts the messages of `n` bytes just read into `space()`; true at
+    /// the sentinel.
+    fn read(&mut self, n: usize, counter: &mut Counter<'_>) -> io::Result<bool> {
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "connection closed",
             ));
         }
-        filled += n;
+        self.filled += n;
         let mut at = 0;
-        if !named {
-            if filled < 5 {
-                continue;
+        if !self.named {
+            if self.filled < 5 {
+                return Ok(false);
             }
-            if &buf[..5] != b"+OK\r\n" {
+            if &self.buf[..5] != b"+OK\r\n" {
                 return Err(io::Error::other("CLIENT SETNAME refused"));
             }
-            named = true;
+            self.named = true;
             at = 5;
         }
-        while let Some((kind, payload, end)) = frame(&buf[at..filled])? {
+        while let Some((kind, payload, end)) = frame(&self.buf[at..self.filled])? {
             if kind == b"message" && counter.message(payload) {
-                return Ok(());
+                return Ok(true);
             }
             at += end;
         }
-        buf.copy_within(at..filled, 0);
-        filled -= at;
+        self.buf.copy_within(at..self.filled, 0);
+        self.filled -= at;
+        Ok(false)
     }
+}
+
+/// The floor: a blocking std socket, one `read` system call per wake-up.
+fn subscribe(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(&subscribe_command(args)?)?;
+    let mut pushes = Pushes::new(args);
+    loop {
+        let n = stream.read(pushes.space())?;
+        if pushes.read(n, counter)? {
+            return Ok(());
+        }
+    }
+}
+
+/// The same reader on smol: an `Async<TcpStream>` read on `block_on`, as
+/// the crate's drain runs on smol (its reactor on the `async-io` thread
+/// whenever `block_on` is not polling it itself).
+fn subscribe_smol(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()> {
+    use smol::io::{AsyncReadExt, AsyncWriteExt};
+
+    smol::block_on(async {
+        let mut stream = smol::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.set_nodelay(true)?;
+        stream.write_all(&subscribe_command(args)?).await?;
+        let mut pushes = Pushes::new(args);
+        loop {
+            let n = stream.read(pushes.space()).await?;
+            if pushes.read(n, counter)? {
+                return Ok(());
+            }
+        }
+    })
+}
+
+/// The same reader on tokio: a `tokio::net::TcpStream` on a current-thread
+/// runtime, as the crate's drain runs on tokio.
+fn subscribe_tokio(args: &Args, port: u16, counter: &mut Counter<'_>) -> io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.set_nodelay(true)?;
+        stream.write_all(&subscribe_command(args)?).await?;
+        let mut pushes = Pushes::new(args);
+        loop {
+            let n = stream.read(pushes.space()).await?;
+            if pushes.read(n, counter)? {
+                return Ok(());
+            }
+        }
+    })
 }
 
 fn redis_cli(args: &Args, counter: &mut Counter<'_>) -> io::Result<()> {
@@ -358,6 +474,26 @@ fn redis_cli(args: &Args, counter: &mut Counter<'_>) -> io::Result<()> {
         buf.copy_within(at..filled, 0);
         filled -= at;
     }
+}
+
+/// Context switches of this process so far, every thread (Linux: the sum
+/// of `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` in
+/// `/proc/self/task/*/status`; zero elsewhere): each thread's sleeps and
+/// wake-ups, which `benches/rates.sh` counts per message.
+fn process_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// CPU time of this process so far, every thread (Linux: the sum of

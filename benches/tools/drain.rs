@@ -26,7 +26,10 @@
 //! drain count=500010 seconds=0.912 rate=548000 cpu_s=0.301 cpu_us_per_msg=0.602 ended=sentinel
 //! ```
 //!
-//! `cpu_s` is the process's CPU time from its start (every thread).
+//! `cpu_s` is the process's CPU time from its start (every thread); two
+//! more fields end the line: `cpu_ns`, the same in ns, and `switches`, the
+//! process's context switches (every thread), which `benches/rates.sh`
+//! subtracts its own samples from.
 //!
 //! `seconds` runs from the first message (after the drain's own
 //! `REPLICATE`) to the sentinel. `drain: ready` goes to stderr once the
@@ -153,11 +156,14 @@ impl Tally {
         };
         let cpu = process_cpu();
         eprintln!(
-            "drain count={} seconds={:.3} rate={rate:.0} cpu_s={cpu:.3} cpu_us_per_msg={:.3} ended={}",
+            "drain count={} seconds={:.3} rate={rate:.0} cpu_s={cpu:.3} cpu_us_per_msg={:.3} ended={} \
+             cpu_ns={:.0} switches={}",
             self.count,
             self.seconds,
             cpu * 1e6 / self.count.max(1) as f64,
-            if self.sentinel { "sentinel" } else { "lost" }
+            if self.sentinel { "sentinel" } else { "lost" },
+            cpu * 1e9,
+            process_switches()
         );
         if self.sentinel {
             ExitCode::SUCCESS
@@ -329,6 +335,26 @@ async fn follow<R: synapse_replication::transport::Runtime>(
         seconds,
         sentinel: sentinel_at.is_some(),
     }
+}
+
+/// Context switches of this process so far, every thread (Linux: the sum
+/// of `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches` in
+/// `/proc/self/task/*/status`; zero elsewhere): each thread's sleeps and
+/// wake-ups, which `benches/rates.sh` counts per message.
+fn process_switches() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// CPU time of this process so far, every thread (Linux: the sum of

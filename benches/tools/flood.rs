@@ -5,7 +5,8 @@
 //! ```text
 //! cargo bench --bench flood -- \
 //!     --port 6390 [--channel e2e.example.com] [--count 500000] \
-//!     [--sentinel "PING drain-sentinel"] [--via bare|crate] [--seed 42] [--stats]
+//!     [--sentinel "PING drain-sentinel"] [--via bare|crate] [--seed 42] [--stats] \
+//!     [--rate MSGS_PER_S]
 //! ```
 //!
 //! The traffic is a busy deployment's mix, one writer (`master`) for every
@@ -29,6 +30,13 @@
 //!   the session also subscribes to the channel and decodes its own
 //!   echoes (its follower ignores them); its writer answers its own
 //!   `REPLICATE` with one more announcement.
+//!
+//! - `--rate N` (with `--via bare` only): paced rather than a burst, the
+//!   way a live deployment's traffic comes: line `i` is written at `i / N`
+//!   seconds from the start, each in a write of its own once it is due (the
+//!   publisher sleeps in between), lines already late together. At tens
+//!   or hundreds a second nearly every message is a wake-up of its own for
+//!   a subscriber, as on a live bus (`benches/rates.sh`).
 //!
 //! The sentinel (default `PING drain-sentinel`) goes last, after `--count`
 //! messages of the mix and the preamble. Timing runs from the first
@@ -61,10 +69,13 @@ struct Args {
     seed: u64,
     stats: bool,
     queue: usize,
+    /// Messages a second; `None`: as fast as Redis takes them.
+    rate: Option<f64>,
 }
 
 const USAGE: &str = "usage: flood --port PORT [--channel NAME] [--count N] [--sentinel LINE] \
-                     [--via bare|crate] [--queue BYTES] [--seed N] [--stats]";
+                     [--via bare|crate] [--queue BYTES] [--seed N] [--stats] \
+                     [--rate MSGS_PER_S]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
@@ -76,6 +87,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         seed: 42,
         stats: false,
         queue: 64 << 10,
+        rate: None,
     };
     let mut port = None;
     while let Some(arg) = args.next() {
@@ -114,9 +126,22 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--queue: {e}"))?
             }
+            "--rate" => {
+                let rate: f64 = value("--rate")?
+                    .replace('_', "")
+                    .parse()
+                    .map_err(|e| format!("--rate: {e}"))?;
+                if !(rate > 0.0 && rate.is_finite()) {
+                    return Err("--rate must be a positive number".to_owned());
+                }
+                parsed.rate = Some(rate);
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    if parsed.rate.is_some() && parsed.crate_path {
+        return Err("--rate paces the bare publisher only (--via bare)".to_owned());
     }
     match port {
         Some(port) => parsed.port = port,
@@ -211,7 +236,7 @@ fn stats(items: &[mix::Item]) {
 fn run_bare(args: &Args, lines: Vec<(bool, bytes::Bytes)>) -> io::Result<()> {
     use std::io::{Read, Write};
     use std::net::TcpStream;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     use bytes::BytesMut;
     use synapse_replication::resp::encode_publish;
@@ -249,7 +274,21 @@ fn run_bare(args: &Args, lines: Vec<(bool, bytes::Bytes)>) -> io::Result<()> {
     let start = Instant::now();
     let cpu = process_cpu();
     let mut out = BytesMut::with_capacity(80 << 10);
-    for (is_user_ip, line) in &lines {
+    for (index, (is_user_ip, line)) in lines.iter().enumerate() {
+        if let Some(rate) = args.rate {
+            // Paced: what is due goes out now, then sleep until the next
+            // line is due (a sleep that overshoots leaves several due,
+            // written together).
+            let due = start + Duration::from_secs_f64(index as f64 / rate);
+            let now = Instant::now();
+            if due > now {
+                if !out.is_empty() {
+                    stream.write_all(&out)?;
+                    out.clear();
+                }
+                std::thread::sleep(due - now);
+            }
+        }
         let channel = if *is_user_ip { &user_ip[..] } else { channel };
         encode_publish(&mut out, channel, line);
         if out.len() >= 64 << 10 {
