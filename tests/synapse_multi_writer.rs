@@ -32,6 +32,17 @@
 //! - no catch-up is left outstanding: `caches` of every process is caught
 //!   up too.
 //!
+//! Then forged lines (issue #34), published on the deployment's Redis as
+//! any process there could: two rows in persister2's name just ahead of
+//! the stream (Synapse's processes adopt their token, and persister1 then
+//! publishes none of its rows below it), then a `POSITION` claiming
+//! persister1's events up to `i64::MAX` (Synapse's persisters adopt it and
+//! publish no row below it). After each, a `REPLICATE`, as any process that
+//! connects sends one: every `events` row of both persisters still arrives
+//! exactly once, the rows Synapse withheld through the checks that follow
+//! the `REPLICATE` (after their writer's later rows: out of order), and
+//! after the forged `POSITION` in order.
+//!
 //! Failures are collected and reported together, after the figures (rows
 //! live, rows caught up, faults) are printed.
 //!
@@ -1042,6 +1053,71 @@ fn multi_writer_deployment_through_faults() {
         format!("catch-ups still outstanding {PATIENCE:?} after the last fault: {outstanding:?}")
     });
 
+    // --- Forged rows (issue #34). Two rows published in persister2's
+    // name just ahead of the stream's last: Synapse's processes take them
+    // as persister2's, and persister1 adopts their token as the highest
+    // allocated (`_max_seen_allocated_stream_id`) and publishes none of
+    // its own rows below it: those reach a follower only through a
+    // catch-up. Then a REPLICATE, as any process that connects sends one.
+    // Not one row may be lost or repeated.
+    let top = deployment.sql("SELECT COALESCE(MAX(stream_ordering), 0) FROM events")[0][0]
+        .as_i64()
+        .expect("a stream ordering");
+    for token in [top + 3, top + 5] {
+        let forged = format!(
+            r#"RDATA events persister2 {token} ["ev",["$forged{token}","!forged:example.com","m.room.message",null,null,null,null,false,false]]"#
+        );
+        publish(deployment.redis_port, &deployment.server_name, &forged);
+    }
+    let forged_row_requests: Vec<Value> = (0..24)
+        .map(|i| {
+            let room = &room_list[i % room_list.len()];
+            deployment.message_request("main", &alice, room, &format!("after forged rows {i}"))
+        })
+        .collect();
+    let after_forged_rows: Vec<String> = deployment
+        .requests(&forged_row_requests, 4)
+        .into_iter()
+        .map(|(status, answer)| {
+            assert_eq!(status, 200, "sending after the forged rows: {answer}");
+            event_id(&answer).expect("an event id")
+        })
+        .collect();
+    node.with(|client| client.session_mut().request_replicate(Instant::now()));
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline
+        && !after_forged_rows
+            .iter()
+            .all(|id| node.record().ev_rows.iter().any(|row| row.event_id == *id))
+    {
+        thread::sleep(Duration::from_millis(50));
+    }
+    {
+        let record = node.record();
+        let missing: Vec<&String> = after_forged_rows
+            .iter()
+            .filter(|id| !record.ev_rows.iter().any(|row| row.event_id == **id))
+            .collect();
+        report.check(missing.is_empty(), || {
+            format!(
+                "after forged rows in persister2's name: {} of {} events not delivered \
+                 {PATIENCE:?} after a REPLICATE: {missing:?}",
+                missing.len(),
+                after_forged_rows.len()
+            )
+        });
+        let late = record
+            .ev_rows
+            .iter()
+            .filter(|row| after_forged_rows.contains(&row.event_id))
+            .filter(|row| row.source == RowOrigin::CatchUp)
+            .count();
+        eprintln!(
+            "after forged rows: {} events sent through main, {late} of them fetched",
+            after_forged_rows.len()
+        );
+    }
+
     // --- A forged POSITION (issue #34). One line published on the
     // deployment's Redis in persister1's name claims its events up to
     // i64::MAX. Synapse's catch-up endpoint confirms whatever range it is
@@ -1051,6 +1127,9 @@ fn multi_writer_deployment_through_faults() {
     // The rows written after it reach the wire only through the writers'
     // next announcements (a REPLICATE: any process that connects sends
     // one) and their catch-up endpoints. Not one may be lost.
+    // Rows delivered from here on (those the forged rows above made
+    // Synapse withhold came late, after their writers' later rows).
+    let forged_position_at = node.record().ev_rows.len();
     let forged = format!("POSITION events persister1 0 {}", i64::MAX);
     publish(deployment.redis_port, &deployment.server_name, &forged);
     let forged_requests: Vec<Value> = (0..24)
@@ -1120,7 +1199,7 @@ fn multi_writer_deployment_through_faults() {
         // Each writer's rows in token order, as written.
         let mut last: BTreeMap<&str, i64> = BTreeMap::new();
         let mut disorder = Vec::new();
-        for row in &record.ev_rows {
+        for row in &record.ev_rows[forged_position_at..] {
             let previous = last.insert(row.writer.as_str(), row.token);
             if previous.is_some_and(|previous| previous >= row.token) {
                 disorder.push(format!("{} {} after {previous:?}", row.writer, row.token));

@@ -146,7 +146,12 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   `POSITION events persister1 0 9223372036854775807`, Synapse's
 ///   persisters adopt the claim and publish no row below it; their rows
 ///   reach this follower through their next announcements (any
-///   `REPLICATE`) and catch-ups.
+///   `REPLICATE`) and catch-ups. The same happens after forged *rows*
+///   just ahead of a stream: Synapse's other writers adopt their token
+///   and publish none of their rows below it. Those rows reach this
+///   follower through the checks after the next `REPLICATE` (a writer's
+///   announcement with ranges its live rows jumped over still open below
+///   is checked at once), after that writer's later rows.
 /// - A live row more than [`FollowerLimits::max_token_jump`] above every
 ///   row delivered on its stream is not applied as it comes: the writer's
 ///   rows up to it are fetched instead, so a row forged far ahead never

@@ -1200,9 +1200,13 @@ impl StreamState {
         // the writer may have lost what it published before reconnecting.
         let trusted = !forced && !w.unproven;
         // An unproven writer whose position rests on a claim (above its
-        // last row) is checked now: the claim may have been forged, and
-        // the rows that would refute it lost with a connection.
-        let claimed = w.unproven && current > w.floor;
+        // last row), or with ranges its live rows jumped over still open
+        // below, is checked now: the claim, or the row atop the range, may
+        // have been forged, and the writer's rows there lost in transit
+        // or, beside Synapse's writers, never published (they adopt a
+        // forged token as their own position).
+        let claimed =
+            w.unproven && (current > w.floor || w.holes.lowest_fetched_below(new).is_some());
         if w.unproven && (current < new || claimed) {
             ctx.counters.unproven_checked += 1;
             w.checked_in = ctx.interval;
