@@ -16,7 +16,8 @@
 # calls in flight), WARMUP (100: unmeasured calls before each run), USERS
 # (50), ROOMS (20), KEEP=1 keeps the work directory (the deployment's logs,
 # the writer's, results.txt), BENCH_BIN=DIR takes account_data_writer and
-# account_data_load from DIR instead of building them.
+# account_data_load from DIR instead of building them, OUT=FILE copies the
+# per-run lines (results.txt) there.
 #
 # What it starts (tests/synapse/deployment.py, as the interop tests do): a
 # PostgreSQL database of its own (synrep_bench_*, Synapse's schema, dropped
