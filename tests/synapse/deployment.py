@@ -8,6 +8,7 @@ Synapse on SQLite.
 
     deployment.py start --dir DIR [--server-name dep.test] [--owner-pid PID]
                         [--persisters 2] [--config-json JSON]
+                        [--database-prefix synapse_dep_|synrep_bench_]
         Creates a PostgreSQL database of its own (a unique name, on
         127.0.0.1:5432, user postgres, trust auth), starts a redis-server
         (no persistence) on a free loopback port, then Synapse's main
@@ -97,6 +98,9 @@ STATE = "deployment.json"
 START_TIMEOUT = 150.0
 PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 TYPING_WORKER = "worker1"
+# The names a deployment's database may have (`start --database-prefix`):
+# the tests' and benches/account_data.sh's. Nothing else is ever dropped.
+DATABASE_PREFIXES = ("synapse_dep_", "synrep_bench_")
 
 
 # ---------------------------------------------------------------------
@@ -126,7 +130,7 @@ def create_database(name: str) -> None:
 
 def drop_database(name: str) -> None:
     # Only ever the deployment's own database, by its recorded name.
-    assert name.startswith("synapse_dep_"), name
+    assert name.startswith(DATABASE_PREFIXES), name
     connection = pg_connect("postgres")
     try:
         with connection.cursor() as cursor:
@@ -387,7 +391,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     directory = Path(args.dir).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     server_name = args.server_name
-    database = f"synapse_dep_{os.getpid()}_{secrets.token_hex(4)}"
+    database = f"{args.database_prefix}{os.getpid()}_{secrets.token_hex(4)}"
     state: dict = {"pids": {}, "database": database, "instances": {}}
     save(directory, state)
     phases: dict[str, float] = {}
@@ -790,6 +794,7 @@ def main() -> int:
     start.add_argument("--owner-pid", type=int)
     start.add_argument("--persisters", type=int, default=2)
     start.add_argument("--config-json", help="JSON object merged into homeserver.yaml")
+    start.add_argument("--database-prefix", choices=DATABASE_PREFIXES, default="synapse_dep_")
     start.set_defaults(run=cmd_start)
 
     for name, run in (("stop", cmd_stop), ("redis-clients", cmd_redis_clients)):
