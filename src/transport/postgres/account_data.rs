@@ -367,6 +367,7 @@ pub type PublishRows = dyn Fn(&StreamName, Token, Vec<(Token, RawRow)>) + Send +
 /// #     mut writes: tokio_postgres::Client,
 /// # ) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
+/// use synapse_replication::http::AccountDataRequest;
 /// use synapse_replication::transport::postgres::{AccountDataStore, CacheInvalidations};
 /// use synapse_replication::wire::InstanceName;
 ///
@@ -378,14 +379,12 @@ pub type PublishRows = dyn Fn(&StreamName, Token, Vec<(Token, RawRow)>) + Send +
 ///         println!("{stream} at {position}: {} rows", rows.len());
 ///     });
 /// let content = serde_json::json!({"ignored_users": {"@spam:example.com": {}}});
-/// let max_stream_id = store
-///     .add_account_data_for_user(
-///         &mut writes,
-///         "@alice:example.com",
-///         "m.ignored_user_list",
-///         content.as_object().cloned().unwrap_or_default(),
-///     )
-///     .await?;
+/// let change = AccountDataRequest::AddUserAccountData {
+///     user_id: "@alice:example.com".to_owned(),
+///     account_data_type: "m.ignored_user_list".to_owned(),
+///     content: content.as_object().cloned().unwrap_or_default(),
+/// };
+/// let max_stream_id = store.apply(&mut writes, &change).await?;
 /// println!("max_stream_id {max_stream_id}");
 /// # Ok(())
 /// # }
@@ -740,106 +739,6 @@ impl AccountDataStore<tokio_postgres::Client> {
                 Err(AccountDataError::Database(error))
             }
         }
-    }
-
-    /// Synapse's `add_account_data_for_user`: sets a global item.
-    pub async fn add_account_data_for_user(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        account_data_type: &str,
-        content: Map<String, Value>,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::AddUserAccountData {
-            user_id: user_id.to_owned(),
-            account_data_type: account_data_type.to_owned(),
-            content,
-        };
-        self.apply(client, &change).await
-    }
-
-    /// Synapse's `remove_account_data_for_user`: a global item's content
-    /// becomes `{}`.
-    pub async fn remove_account_data_for_user(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        account_data_type: &str,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::RemoveUserAccountData {
-            user_id: user_id.to_owned(),
-            account_data_type: account_data_type.to_owned(),
-        };
-        self.apply(client, &change).await
-    }
-
-    /// Synapse's `add_account_data_to_room`: sets a per-room item.
-    pub async fn add_account_data_to_room(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        room_id: &str,
-        account_data_type: &str,
-        content: Map<String, Value>,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::AddRoomAccountData {
-            user_id: user_id.to_owned(),
-            room_id: room_id.to_owned(),
-            account_data_type: account_data_type.to_owned(),
-            content,
-        };
-        self.apply(client, &change).await
-    }
-
-    /// Synapse's `remove_account_data_for_room`: a per-room item's
-    /// content becomes `{}`.
-    pub async fn remove_account_data_for_room(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        room_id: &str,
-        account_data_type: &str,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::RemoveRoomAccountData {
-            user_id: user_id.to_owned(),
-            room_id: room_id.to_owned(),
-            account_data_type: account_data_type.to_owned(),
-        };
-        self.apply(client, &change).await
-    }
-
-    /// Synapse's `add_tag_to_room`.
-    pub async fn add_tag_to_room(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        room_id: &str,
-        tag: &str,
-        content: Map<String, Value>,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::AddTag {
-            user_id: user_id.to_owned(),
-            room_id: room_id.to_owned(),
-            tag: tag.to_owned(),
-            content,
-        };
-        self.apply(client, &change).await
-    }
-
-    /// Synapse's `remove_tag_from_room`.
-    pub async fn remove_tag_from_room(
-        &self,
-        client: &mut tokio_postgres::Client,
-        user_id: &str,
-        room_id: &str,
-        tag: &str,
-    ) -> Result<Token, AccountDataError<tokio_postgres::Error>> {
-        let change = AccountDataRequest::RemoveTag {
-            user_id: user_id.to_owned(),
-            room_id: room_id.to_owned(),
-            tag: tag.to_owned(),
-        };
-        self.apply(client, &change).await
     }
 }
 
