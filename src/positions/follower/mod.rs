@@ -532,7 +532,6 @@ impl Follower {
     /// [`Follower::handle_rdata`] for a pair not tracked (yet): an echo of
     /// this follower's own, a writer to admit, or one to reject.
     #[cold]
-    #[inline(never)]
     fn handle_untracked_rdata(&mut self, rdata: Rdata) {
         if rdata.instance == self.own {
             self.ctx.counters.own_echoes += 1;
@@ -940,7 +939,6 @@ impl Follower {
     /// [`Follower::pair`] for a pair not tracked yet: admitted if the
     /// registry agrees (and there is room).
     #[cold]
-    #[inline(never)]
     fn admit(
         &mut self,
         stream: &StreamName,
