@@ -513,7 +513,6 @@ impl Follower {
     }
 
     /// Handles one received `RDATA`.
-    #[inline]
     pub fn handle_rdata(&mut self, rdata: Rdata) {
         if !self.ctx.connected {
             self.ctx.counters.while_disconnected += 1;
@@ -592,7 +591,6 @@ impl Follower {
     }
 
     /// The event [`Follower::poll_event`] would return next.
-    #[inline(always)]
     pub(crate) fn peek_event(&self) -> Option<&FollowerEvent> {
         self.ctx.events.front()
     }
