@@ -910,7 +910,6 @@ impl Follower {
     }
 
     /// Finds the pair, or admits it if the registry agrees.
-    #[inline(always)]
     fn pair(
         &mut self,
         stream: &StreamName,
@@ -924,7 +923,6 @@ impl Follower {
 
     /// The pair, if tracked, its writer heard from now. Never this
     /// follower's own name: no pair of it is ever admitted.
-    #[inline(always)]
     fn tracked(&mut self, stream: &StreamName, instance: &InstanceName) -> Option<(Slot, usize)> {
         let slot = self.streams.slot(stream)?;
         let wi = self
@@ -1005,7 +1003,6 @@ impl Follower {
         Ok((slot, wi))
     }
 
-    #[inline(always)]
     fn pair_or_reject(
         &mut self,
         stream: &StreamName,
