@@ -170,7 +170,6 @@ fn known_index(stream: &StreamName) -> Option<usize> {
 /// four words of it (both ends, and two inside, where the ids are): it
 /// runs on every row delivered, so its cost stays a few instructions
 /// whatever the row's size.
-#[inline]
 fn fingerprint(row: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mix = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
@@ -432,7 +431,6 @@ impl WriterState {
     /// Whether a row at `token` was delivered already, or lies before
     /// where following started. Only rows make rows stale: a `POSITION`
     /// never does.
-    #[inline]
     pub(super) fn is_stale(&self, token: Token) -> bool {
         token <= self.floor && !self.holes.contains(token)
     }
@@ -512,7 +510,6 @@ impl WriterState {
 
     /// What a live row at `token` closes of the open batch, if it jumps
     /// over tokens (see [`Batch`]).
-    #[inline]
     fn closing_batch(&self, token: Token) -> Option<Batch> {
         (!self.batch.is_empty() && token.0 > self.floor.0.saturating_add(1)).then(|| Batch {
             rows: self.batch.len(),
@@ -555,7 +552,6 @@ impl WriterState {
     }
 
     /// Records that rows at `token` were delivered (`live`: from `RDATA`).
-    #[inline]
     fn note_delivered(
         &mut self,
         token: Token,
@@ -721,7 +717,6 @@ impl StreamState {
     }
 
     /// Records that writer `wi`'s rows at `token` were delivered.
-    #[inline]
     fn delivered(&mut self, wi: usize, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
         if let Some(w) = self.writers.get_mut(wi) {
             w.note_delivered(token, print, live, &mut ctx.counters);
@@ -730,7 +725,6 @@ impl StreamState {
     }
 
     /// Raises the highest token delivered or seeded on the stream.
-    #[inline]
     pub(super) fn raise_top(&mut self, token: Token) {
         raise(&mut self.top, token);
     }
@@ -914,7 +908,6 @@ impl StreamState {
 
     /// [`StreamState::process_rdata`] with every rule.
     #[cold]
-    #[inline(never)]
     fn process_rdata_checked(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {
