@@ -245,7 +245,6 @@ fn apply_in_order(
 
 /// Raises `top`, the highest token delivered or seeded on a stream, to
 /// `token`.
-#[inline(always)]
 fn raise(top: &mut Token, token: Token) {
     *top = (*top).max(token);
 }
@@ -464,7 +463,6 @@ impl WriterState {
     /// as it comes: the writer is connected and proven, the batch not
     /// cut, and both limits leave room (else
     /// [`StreamState::process_rdata_checked`] decides).
-    #[inline(always)]
     fn batch_open_to(&self, len: usize, ctx: &Ctx) -> bool {
         self.position.is_some()
             && self.connected
