@@ -75,7 +75,6 @@ impl Streams {
     /// The stream and index of a tracked pair. Its writer is not marked
     /// heard from: [`StreamState::handle_rdata`] does that with the writer
     /// in hand.
-    #[inline(always)]
     pub(super) fn find_pair(
         &mut self,
         stream: &StreamName,
