@@ -477,7 +477,6 @@ impl WriterState {
     /// announced or delivered, from a writer connected and proven whose
     /// batch is not cut, within [`FollowerLimits::max_token_jump`] of the
     /// stream's `top`.
-    #[inline(always)]
     fn in_order(&self, token: Token, top: Token, limits: &FollowerLimits) -> Option<Token> {
         let position = self.position?;
         let evidence = top.max(self.floor);
@@ -495,7 +494,6 @@ impl WriterState {
     /// growing an empty `Vec` would (room for four rows), but directly:
     /// the batch is handed over with its numbered row, so every batch
     /// starts empty.
-    #[inline(always)]
     fn push_batch(&mut self, row: RawRow) {
         if self.batch.capacity() == 0 {
             // Room for four rows at once, as growing it row by row would
