@@ -513,7 +513,6 @@ impl WriterState {
     }
 
     /// The rows of a numbered `row`: the open batch's, then it.
-    #[inline(always)]
     fn take_rows(&mut self, row: RawRow, ctx: &mut Ctx) -> Rows {
         if self.batch.is_empty() {
             Rows::one(row)
