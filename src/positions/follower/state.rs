@@ -723,7 +723,6 @@ impl StreamState {
         raise(&mut self.top, token);
     }
 
-    #[inline(always)]
     pub(super) fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(instance).copied(),
@@ -733,7 +732,6 @@ impl StreamState {
 
     /// The index of writer `instance`, if tracked, heard from now (at
     /// `clock`, which moves on).
-    #[inline(always)]
     pub(super) fn heard_from(&mut self, instance: &InstanceName, clock: &mut u64) -> Option<usize> {
         let wi = self.find_writer(instance)?;
         self.hear(wi, clock);
