@@ -753,7 +753,6 @@ impl StreamState {
     }
 
     /// Marks writer `wi` heard from at `clock`, which moves on.
-    #[inline(always)]
     fn hear(&mut self, wi: usize, clock: &mut u64) {
         if let Some(w) = self.writers.get_mut(wi) {
             w.heard = *clock;
