@@ -840,7 +840,6 @@ impl StreamState {
     /// Handles an `RDATA` of writer `wi` (found by
     /// [`Streams::find_pair`]), heard from now: held behind its catch-up,
     /// or processed as [`StreamState::process_rdata`] does.
-    #[inline(always)]
     pub(super) fn handle_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         self.rdata_of(wi, rdata, true, ctx);
     }
