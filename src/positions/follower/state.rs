@@ -853,7 +853,6 @@ impl StreamState {
     /// applied here; the rest goes through every rule in
     /// [`StreamState::process_rdata_checked`]. Both give the same outcome
     /// for the common case: none of the checks there can fire for it.
-    #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         self.rdata_of(wi, rdata, false, ctx);
     }
