@@ -896,7 +896,6 @@ impl StreamState {
     }
 
     /// [`StreamState::process_rdata`] with every rule.
-    #[cold]
     fn process_rdata_checked(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {
