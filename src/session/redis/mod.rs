@@ -712,8 +712,6 @@ impl RedisSession {
     /// A message on `channel` that is not a command: counted, warned
     /// about (rate limited) and reported; a row that could not be read is
     /// a gap, never a row to step over.
-    #[cold]
-    #[inline(never)]
     fn malformed(
         &mut self,
         channel: usize,
@@ -761,7 +759,6 @@ impl RedisSession {
 
     /// An `RDATA` or `POSITION` naming this process that it did not
     /// publish: counted (not as an echo of its own) and warned about.
-    #[cold]
     fn impostor_echo(&mut self, kind: CommandKind, now: Instant) {
         self.echoes.echoed -= 1;
         self.counters.impostor_echoes += 1;
@@ -784,7 +781,6 @@ impl RedisSession {
     /// The follower rejected a stream command from `sender`, which the
     /// configuration does not list as a writer of `stream`: warned about
     /// (rows never reach the application).
-    #[cold]
     fn not_a_writer(&mut self, stream: &StreamName, sender: &InstanceName, command: CommandKind) {
         let Some(now) = self.now else {
             return;
