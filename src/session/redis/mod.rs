@@ -648,7 +648,6 @@ impl RedisSession {
 
     /// [`RedisSession::handle_payload`] when every command received is
     /// reported: own echoes are counted, and decoded and reported too.
-    #[inline(never)]
     fn handle_reported_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
         if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
             self.count_echo(kind, now);
@@ -701,7 +700,6 @@ impl RedisSession {
 
     /// An echo of this process's own `RDATA` or `POSITION`: counted. One
     /// beyond what was published is another process's (ignored too).
-    #[inline(always)]
     fn count_echo(&mut self, kind: CommandKind, now: Instant) {
         self.echoes.echoed += 1;
         if self.echoes.echoed > self.echoes.published {
