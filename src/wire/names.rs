@@ -265,7 +265,6 @@ impl InstanceName {
 
     /// A name read from a line: copied inline when short, else into a
     /// shared allocation. `None` if it is not UTF-8.
-    #[inline(always)]
     pub(crate) fn from_line(name: &[u8]) -> Option<Self> {
         if let Some((bytes, ascii)) = inline_bytes(name) {
             if !ascii {
@@ -283,7 +282,6 @@ impl InstanceName {
     /// little-endian word that holds it, zero past the name; `None` if
     /// the name is not ASCII. As [`InstanceName::from_line`] reads the
     /// same bytes.
-    #[inline(always)]
     pub(crate) fn from_word(word: u64, len: usize) -> Option<Self> {
         if word & 0x8080_8080_8080_8080 != 0 || len > 8 {
             return None;
@@ -297,7 +295,6 @@ impl InstanceName {
     }
 
     /// A name too long to store inline, or `None` if it is not UTF-8.
-    #[cold]
     fn shared(name: &[u8]) -> Option<Self> {
         std::str::from_utf8(name)
             .ok()
