@@ -189,7 +189,6 @@ struct Inline([u8; INLINE]);
 /// second shifted right by the bytes it shares with the first; then
 /// written once, a word at a time: no call to `memcpy` for a few bytes,
 /// and no stores that a later load would have to piece together.
-#[inline(always)]
 fn inline_bytes(bytes: &[u8]) -> Option<(Inline, bool)> {
     let len = bytes.len();
     let words: [u64; 4] = if let (Some(head), Some(tail)) =
