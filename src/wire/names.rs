@@ -41,7 +41,6 @@ macro_rules! stream_names {
             /// zero, given as the little-endian word that holds it, zero past
             /// it: a comparison of words for each short known name. `None`
             /// for any other word.
-            #[inline(always)]
             pub(crate) fn known_word(word: u64) -> Option<StreamName> {
                 $(
                     if $bytes.len() < 8 && word == const { short_word($bytes) } {
