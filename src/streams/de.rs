@@ -30,7 +30,6 @@ pub struct Tracker {
 
 impl Tracker {
     /// Records that the field `index`, called `field`, is read next.
-    #[inline]
     pub(crate) fn at(&self, index: usize, field: &'static str) {
         self.entered.set(true);
         self.index.set(index);
@@ -38,14 +37,12 @@ impl Tracker {
     }
 
     /// The error for a row that ends before field `index`.
-    #[cold]
     pub(crate) fn missing<E: de::Error>(&self, index: usize, expecting: &dyn de::Expected) -> E {
         self.missing.set(true);
         E::invalid_length(index, expecting)
     }
 
     /// Turns a serde_json error into a typed one, naming the field.
-    #[cold]
     fn error(&self, stream: StreamName, source: serde_json::Error, bytes: &[u8]) -> RowError {
         let input = snippet(bytes);
         if !self.entered.get() {

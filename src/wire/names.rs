@@ -41,7 +41,6 @@ macro_rules! stream_names {
             /// zero, given as the little-endian word that holds it, zero past
             /// it: a comparison of words for each short known name. `None`
             /// for any other word.
-            #[inline(always)]
             pub(crate) fn known_word(word: u64) -> Option<StreamName> {
                 $(
                     if $bytes.len() < 8 && word == const { short_word($bytes) } {
@@ -189,7 +188,6 @@ struct Inline([u8; INLINE]);
 /// second shifted right by the bytes it shares with the first; then
 /// written once, a word at a time: no call to `memcpy` for a few bytes,
 /// and no stores that a later load would have to piece together.
-#[inline(always)]
 fn inline_bytes(bytes: &[u8]) -> Option<(Inline, bool)> {
     let len = bytes.len();
     let words: [u64; 4] = if let (Some(head), Some(tail)) =
@@ -265,7 +263,6 @@ impl InstanceName {
 
     /// A name read from a line: copied inline when short, else into a
     /// shared allocation. `None` if it is not UTF-8.
-    #[inline(always)]
     pub(crate) fn from_line(name: &[u8]) -> Option<Self> {
         if let Some((bytes, ascii)) = inline_bytes(name) {
             if !ascii {
@@ -283,7 +280,6 @@ impl InstanceName {
     /// little-endian word that holds it, zero past the name; `None` if
     /// the name is not ASCII. As [`InstanceName::from_line`] reads the
     /// same bytes.
-    #[inline(always)]
     pub(crate) fn from_word(word: u64, len: usize) -> Option<Self> {
         if word & 0x8080_8080_8080_8080 != 0 || len > 8 {
             return None;
@@ -297,7 +293,6 @@ impl InstanceName {
     }
 
     /// A name too long to store inline, or `None` if it is not UTF-8.
-    #[cold]
     fn shared(name: &[u8]) -> Option<Self> {
         std::str::from_utf8(name)
             .ok()

@@ -5,7 +5,6 @@
 //! header, `memcmp` is as cheap: it keeps those.)
 
 /// Whether `bytes` starts with `prefix`.
-#[inline(always)]
 pub(crate) fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
     let Some(head) = bytes.get(..prefix.len()) else {
         return false;
@@ -15,7 +14,6 @@ pub(crate) fn starts_with(bytes: &[u8], prefix: &[u8]) -> bool {
 
 /// `a == b` for slices of the same length, compared in words; the last
 /// word overlaps the one before it rather than being cut short.
-#[inline(always)]
 fn same(a: &[u8], b: &[u8]) -> bool {
     let len = b.len();
     if len < 8 {
@@ -34,13 +32,11 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     word8(a, len - 8) == word8(b, len - 8)
 }
 
-#[inline(always)]
 fn word8(bytes: &[u8], at: usize) -> Option<u64> {
     let chunk = bytes.get(at..)?.first_chunk::<8>()?;
     Some(u64::from_le_bytes(*chunk))
 }
 
-#[inline(always)]
 fn word4(bytes: &[u8], at: usize) -> Option<u32> {
     let chunk = bytes.get(at..)?.first_chunk::<4>()?;
     Some(u32::from_le_bytes(*chunk))

@@ -518,7 +518,6 @@ impl Follower {
     }
 
     /// Handles one received `RDATA`.
-    #[inline]
     pub fn handle_rdata(&mut self, rdata: Rdata) {
         if !self.ctx.connected {
             self.ctx.counters.while_disconnected += 1;
@@ -537,7 +536,6 @@ impl Follower {
     /// [`Follower::handle_rdata`] for a pair not tracked (yet): an echo of
     /// this follower's own, a writer to admit, or one to reject.
     #[cold]
-    #[inline(never)]
     fn handle_untracked_rdata(&mut self, rdata: Rdata) {
         if rdata.instance == self.own {
             self.ctx.counters.own_echoes += 1;
@@ -598,7 +596,6 @@ impl Follower {
     }
 
     /// The event [`Follower::poll_event`] would return next.
-    #[inline(always)]
     pub(crate) fn peek_event(&self) -> Option<&FollowerEvent> {
         self.ctx.events.front()
     }
@@ -918,7 +915,6 @@ impl Follower {
     }
 
     /// Finds the pair, or admits it if the registry agrees.
-    #[inline(always)]
     fn pair(
         &mut self,
         stream: &StreamName,
@@ -932,7 +928,6 @@ impl Follower {
 
     /// The pair, if tracked, its writer heard from now. Never this
     /// follower's own name: no pair of it is ever admitted.
-    #[inline(always)]
     fn tracked(&mut self, stream: &StreamName, instance: &InstanceName) -> Option<(Slot, usize)> {
         let slot = self.streams.slot(stream)?;
         let wi = self
@@ -945,7 +940,6 @@ impl Follower {
     /// [`Follower::pair`] for a pair not tracked yet: admitted if the
     /// registry agrees (and there is room).
     #[cold]
-    #[inline(never)]
     fn admit(
         &mut self,
         stream: &StreamName,
@@ -1014,7 +1008,6 @@ impl Follower {
         Ok((slot, wi))
     }
 
-    #[inline(always)]
     fn pair_or_reject(
         &mut self,
         stream: &StreamName,

@@ -75,7 +75,6 @@ impl Streams {
     /// The stream and index of a tracked pair. Its writer is not marked
     /// heard from: [`StreamState::handle_rdata`] does that with the writer
     /// in hand.
-    #[inline(always)]
     pub(super) fn find_pair(
         &mut self,
         stream: &StreamName,
@@ -170,7 +169,6 @@ fn known_index(stream: &StreamName) -> Option<usize> {
 /// four words of it (both ends, and two inside, where the ids are): it
 /// runs on every row delivered, so its cost stays a few instructions
 /// whatever the row's size.
-#[inline]
 fn fingerprint(row: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mix = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(K);
@@ -246,7 +244,6 @@ fn apply_in_order(
 
 /// Raises `top`, the highest token delivered or seeded on a stream, to
 /// `token`.
-#[inline(always)]
 fn raise(top: &mut Token, token: Token) {
     *top = (*top).max(token);
 }
@@ -432,7 +429,6 @@ impl WriterState {
     /// Whether a row at `token` was delivered already, or lies before
     /// where following started. Only rows make rows stale: a `POSITION`
     /// never does.
-    #[inline]
     pub(super) fn is_stale(&self, token: Token) -> bool {
         token <= self.floor && !self.holes.contains(token)
     }
@@ -466,7 +462,6 @@ impl WriterState {
     /// as it comes: the writer is connected and proven, the batch not
     /// cut, and both limits leave room (else
     /// [`StreamState::process_rdata_checked`] decides).
-    #[inline(always)]
     fn batch_open_to(&self, len: usize, ctx: &Ctx) -> bool {
         self.position.is_some()
             && self.connected
@@ -482,7 +477,6 @@ impl WriterState {
     /// announced or delivered, from a writer connected and proven whose
     /// batch is not cut, within [`FollowerLimits::max_token_jump`] of the
     /// stream's `top`.
-    #[inline(always)]
     fn in_order(&self, token: Token, top: Token, limits: &FollowerLimits) -> Option<Token> {
         let position = self.position?;
         let evidence = top.max(self.floor);
@@ -500,7 +494,6 @@ impl WriterState {
     /// growing an empty `Vec` would (room for four rows), but directly:
     /// the batch is handed over with its numbered row, so every batch
     /// starts empty.
-    #[inline(always)]
     fn push_batch(&mut self, row: RawRow) {
         if self.batch.capacity() == 0 {
             // Room for four rows at once, as growing it row by row would
@@ -512,7 +505,6 @@ impl WriterState {
 
     /// What a live row at `token` closes of the open batch, if it jumps
     /// over tokens (see [`Batch`]).
-    #[inline]
     fn closing_batch(&self, token: Token) -> Option<Batch> {
         (!self.batch.is_empty() && token.0 > self.floor.0.saturating_add(1)).then(|| Batch {
             rows: self.batch.len(),
@@ -521,7 +513,6 @@ impl WriterState {
     }
 
     /// The rows of a numbered `row`: the open batch's, then it.
-    #[inline(always)]
     fn take_rows(&mut self, row: RawRow, ctx: &mut Ctx) -> Rows {
         if self.batch.is_empty() {
             Rows::one(row)
@@ -555,7 +546,6 @@ impl WriterState {
     }
 
     /// Records that rows at `token` were delivered (`live`: from `RDATA`).
-    #[inline]
     fn note_delivered(
         &mut self,
         token: Token,
@@ -721,7 +711,6 @@ impl StreamState {
     }
 
     /// Records that writer `wi`'s rows at `token` were delivered.
-    #[inline]
     fn delivered(&mut self, wi: usize, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
         if let Some(w) = self.writers.get_mut(wi) {
             w.note_delivered(token, print, live, &mut ctx.counters);
@@ -730,12 +719,10 @@ impl StreamState {
     }
 
     /// Raises the highest token delivered or seeded on the stream.
-    #[inline]
     pub(super) fn raise_top(&mut self, token: Token) {
         raise(&mut self.top, token);
     }
 
-    #[inline(always)]
     pub(super) fn writer_index(&self, instance: &InstanceName) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(instance).copied(),
@@ -745,7 +732,6 @@ impl StreamState {
 
     /// The index of writer `instance`, if tracked, heard from now (at
     /// `clock`, which moves on).
-    #[inline(always)]
     pub(super) fn heard_from(&mut self, instance: &InstanceName, clock: &mut u64) -> Option<usize> {
         let wi = self.find_writer(instance)?;
         self.hear(wi, clock);
@@ -767,7 +753,6 @@ impl StreamState {
     }
 
     /// Marks writer `wi` heard from at `clock`, which moves on.
-    #[inline(always)]
     fn hear(&mut self, wi: usize, clock: &mut u64) {
         if let Some(w) = self.writers.get_mut(wi) {
             w.heard = *clock;
@@ -855,7 +840,6 @@ impl StreamState {
     /// Handles an `RDATA` of writer `wi` (found by
     /// [`Streams::find_pair`]), heard from now: held behind its catch-up,
     /// or processed as [`StreamState::process_rdata`] does.
-    #[inline(always)]
     pub(super) fn handle_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         self.rdata_of(wi, rdata, true, ctx);
     }
@@ -869,7 +853,6 @@ impl StreamState {
     /// applied here; the rest goes through every rule in
     /// [`StreamState::process_rdata_checked`]. Both give the same outcome
     /// for the common case: none of the checks there can fire for it.
-    #[inline(always)]
     pub(super) fn process_rdata(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         self.rdata_of(wi, rdata, false, ctx);
     }
@@ -913,8 +896,6 @@ impl StreamState {
     }
 
     /// [`StreamState::process_rdata`] with every rule.
-    #[cold]
-    #[inline(never)]
     fn process_rdata_checked(&mut self, wi: usize, rdata: Rdata, ctx: &mut Ctx) {
         let top = self.top;
         let Some(w) = self.writers.get_mut(wi) else {

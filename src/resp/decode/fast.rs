@@ -186,7 +186,6 @@ pub(super) const fn fast_paths_fit(limits: &Limits) -> bool {
 /// A complete `:<digits>\r\n` (at most 18 digits, optional `-`) at the
 /// front of `buf`: its value and length. Anything else takes the general
 /// path.
-#[inline]
 pub(super) fn fast_integer(buf: &[u8], limits: &Limits) -> Option<(i64, usize)> {
     let rest = buf.strip_prefix(b":")?;
     let (negative, digits_at) = match rest.first()? {

@@ -648,7 +648,6 @@ impl RedisSession {
 
     /// [`RedisSession::handle_payload`] when every command received is
     /// reported: own echoes are counted, and decoded and reported too.
-    #[inline(never)]
     fn handle_reported_payload(&mut self, channel: usize, payload: Bytes, now: Instant) {
         if let Some(kind) = own_echo(&payload, self.follower.own_name().as_bytes()) {
             self.count_echo(kind, now);
@@ -701,7 +700,6 @@ impl RedisSession {
 
     /// An echo of this process's own `RDATA` or `POSITION`: counted. One
     /// beyond what was published is another process's (ignored too).
-    #[inline(always)]
     fn count_echo(&mut self, kind: CommandKind, now: Instant) {
         self.echoes.echoed += 1;
         if self.echoes.echoed > self.echoes.published {
@@ -712,8 +710,6 @@ impl RedisSession {
     /// A message on `channel` that is not a command: counted, warned
     /// about (rate limited) and reported; a row that could not be read is
     /// a gap, never a row to step over.
-    #[cold]
-    #[inline(never)]
     fn malformed(
         &mut self,
         channel: usize,
@@ -761,7 +757,6 @@ impl RedisSession {
 
     /// An `RDATA` or `POSITION` naming this process that it did not
     /// publish: counted (not as an echo of its own) and warned about.
-    #[cold]
     fn impostor_echo(&mut self, kind: CommandKind, now: Instant) {
         self.echoes.echoed -= 1;
         self.counters.impostor_echoes += 1;
@@ -784,7 +779,6 @@ impl RedisSession {
     /// The follower rejected a stream command from `sender`, which the
     /// configuration does not list as a writer of `stream`: warned about
     /// (rows never reach the application).
-    #[cold]
     fn not_a_writer(&mut self, stream: &StreamName, sender: &InstanceName, command: CommandKind) {
         let Some(now) = self.now else {
             return;

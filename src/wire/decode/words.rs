@@ -218,7 +218,6 @@ pub(super) const fn eight_digits(word: u64) -> Option<u64> {
 }
 
 /// The first space or newline in `line` from `at`, eight bytes at a time.
-#[inline(always)]
 fn next_mark(line: &[u8], mut at: usize) -> Option<usize> {
     while at < line.len() {
         let marks = spaces_and_newlines(word_at(line, at));
