@@ -163,9 +163,8 @@ fn demo_over_redis() {
     let first = stdout.lines().next().unwrap_or_default();
     assert!(first.starts_with("transport: Redis pub/sub"), "{stdout}");
     assert!(stdout.contains("CLIENT KILL ID"), "{stdout}");
-    // Over Redis, a reconnected worker checks each writer's next move.
     assert!(
-        stdout.contains("checking master's caches: fetching everything above 10 from master's log"),
+        stdout.contains("fetching (10, 20] from master's log"),
         "{stdout}"
     );
     assert!(

@@ -956,16 +956,12 @@ fn next_event_dropped_at_any_await_point_loses_no_row() {
             assert_eq!(worker.rows, logs.written(&StreamName::Events, &master()));
             assert!(worker.disconnects.is_empty(), "{:?}", worker.disconnects);
             assert_eq!(worker.malformed, 0);
-            // At most the check of master after a REPLICATE (the writer's
-            // own, on connecting), and the batch that comes right after
-            // the rows the check fetched ahead of master's publishing
-            // (dropped, as it may repeat them, and fetched).
             let counters = worker.client.follower().counters();
-            assert!(counters.unproven_checked <= 1, "{counters:?}");
-            assert!(
-                counters.catch_ups_requested <= 2 * counters.unproven_checked,
+            assert_eq!(
+                counters.catch_ups_requested, counters.unproven_checked,
                 "{counters:?}"
             );
+            assert!(counters.catch_ups_requested <= 1, "{counters:?}");
             assert!(
                 !worker
                     .client

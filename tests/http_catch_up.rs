@@ -178,10 +178,7 @@ fn follower(stream: &StreamName, writer: &str, from: i64, to: i64) -> Follower {
     let mut follower = Follower::new(InstanceName::from("worker"), Arc::new(registry));
     let writer = InstanceName::from(writer);
     follower.set_position(stream, &writer, Token(from)).unwrap();
-    // A gap to fetch, as over a connection only the writer speaks on (on
-    // a shared bus the first move after connecting would be a check,
-    // asking for everything above `from`).
-    follower.connected_direct();
+    follower.connected();
     let line = format!("POSITION {stream} {writer} {to} {to}");
     let command = Command::decode(Bytes::from(line)).unwrap().unwrap();
     follower.handle_command(command);

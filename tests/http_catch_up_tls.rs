@@ -98,8 +98,7 @@ fn request() -> CatchUpRequest {
     follower
         .set_position(&StreamName::Events, &InstanceName::master(), Token(4))
         .expect("a position");
-    // A gap to fetch, as over a connection only the writer speaks on.
-    follower.connected_direct();
+    follower.connected();
     let line = Bytes::from_static(b"POSITION events master 6 6");
     let command = Command::decode(line).expect("valid").expect("a command");
     follower.handle_command(command);

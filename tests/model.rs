@@ -40,11 +40,9 @@
 //! moment, before the writer's own on a new connection or after a
 //! `REPLICATE` too, and numbered rows while a writer's batch is open
 //! (closing it). One exemption is left: the adversary forges no row at a
-//! token the writer then writes (the writer skips it). A follower keeps
-//! the rows delivered at the last 16 tokens: a run of more forged rows at
-//! the writer's next tokens makes it forget the writer's own row at the
-//! first, which a later catch-up then delivers again (found with this
-//! exemption lifted).
+//! token the writer then writes (the writer skips it): one there whose
+//! writer's own row is lost in transit can put the writer's later rows
+//! ahead of it (delivered, but out of order).
 //!
 //! `PROPTEST_CASES` sets the number of cases (default 512); `MODEL_TRACE=1`
 //! prints every delivery and event.

@@ -30,13 +30,10 @@
 //!    and nothing keeps them for worker2.
 //! 3. worker2 is driven again: it finds its connections gone, reconnects,
 //!    asks every writer for its positions (`REPLICATE`), sees from master's
-//!    `POSITION`s that it missed rows, and its client fetches them from
-//!    master's log (a `CatchUpSource`: here a closure over the log; against
-//!    Synapse, HTTP). Over Redis, where any process may publish in master's
-//!    name, each worker checks master's next move after a reconnection or
-//!    a `REPLICATE` by fetching everything above its last row.
-//! 4. Rounds 21-30: both workers apply every row live again (worker1's
-//!    first after worker2's `REPLICATE` is fetched: its check).
+//!    `POSITION`s that it missed rows, and its client fetches exactly those
+//!    from master's log (a `CatchUpSource`: here a closure over the log;
+//!    against Synapse, HTTP).
+//! 4. Rounds 21-30: both workers apply every row live again.
 //!
 //! It prints that story in about 20 lines (which transport, each step, what
 //! worker2 fetched, what each worker holds) and ends by comparing both
@@ -48,7 +45,7 @@
 //! delays vary; over TCP the cut and reconnection lines differ):
 //!
 //! ```text
-//! transport: Redis pub/sub, through a redis-server 7.0.15 of the demo's own on 127.0.0.1:41005 (killed at the end)
+//! transport: Redis pub/sub, through a redis-server 7.0.15 of the demo's own on 127.0.0.1:35887 (killed at the end)
 //! master: ready: subscribed to "example.com", announced POSITION caches 0 and typing 0
 //! worker1: ready: subscribed to "example.com", asked every writer for its positions (REPLICATE)
 //! worker2: ready: subscribed to "example.com", asked every writer for its positions (REPLICATE)
@@ -57,21 +54,16 @@
 //! cut: worker2 is no longer driven, and CLIENT KILL ID 8 / ID 9 closed its two Redis connections
 //! rounds 11-20: master wrote 10 caches rows and 6 typing rows; only worker1 got them: Redis keeps nothing for an absent subscriber (worker2 is still at caches 10, typing 9)
 //! worker2 is driven again:
-//! worker2: lost its subscriber connection (closed by the peer); reconnecting in 83 ms
-//! worker2: lost its publisher connection (closed by the peer); reconnecting in 75 ms
+//! worker2: lost its subscriber connection (closed by the peer); reconnecting in 65 ms
+//! worker2: lost its publisher connection (closed by the peer); reconnecting in 66 ms
 //! worker2: ready again: subscribed to "example.com", asked every writer for its positions (REPLICATE)
-//! worker2: master is at typing 18, past its 0: fetching (0, 18] from master's log
-//! worker2: checking master's caches: fetching everything above 10 from master's log
+//! worker2: master is at typing 18, past its 9: fetching (9, 18] from master's log
+//! worker2: master is at caches 20, past its 10: fetching (10, 20] from master's log
 //! worker2: caught up 6 typing rows, now at 18
 //! worker2: caught up 10 caches rows, now at 20
-//! worker1: checking master's caches: fetching everything above 20 from master's log
-//! worker1: master is at typing 21, past its 0: fetching (0, 21] from master's log
-//! worker1: caught up 1 caches rows, now at 21
-//! worker1: caught up 2 typing rows, now at 21
-//! rounds 21-30: master wrote 10 caches rows and 8 typing rows; both workers have them, 2 fetched rather than applied live (a REPLICATE came just before)
-//! worker1: holds 30 caches rows and 20 typing rows; 47 applied live, 3 caught up
+//! rounds 21-30: master wrote 10 caches rows and 8 typing rows; both workers applied each live
+//! worker1: holds 30 caches rows and 20 typing rows; 50 applied live, 0 caught up
 //! worker2: holds 30 caches rows and 20 typing rows; 34 applied live, 16 caught up
-//! both followers hold exactly the writer's rows, in order, each once
 //!
 //! This file is the story; `scaffold.rs` holds the stage: the redis-server,
 //! the cut itself, and the observer that prints what the tasks report.

@@ -293,10 +293,7 @@ impl Observer {
                     if source == RowOrigin::CatchUp {
                         *fetched += rows;
                     }
-                    // A check (asking for everything) ends with the
-                    // writer's position, a report of no rows.
-                    let check = request.to == Token(i64::MAX);
-                    if token >= request.to || (check && rows == 0) {
+                    if token >= request.to {
                         println!("{name}: caught up {fetched} {stream} rows, now at {token}");
                         self.catching_up.remove(&key);
                     }
@@ -304,25 +301,16 @@ impl Observer {
             }
             Report::CatchUp { name, request } => {
                 self.fetched_in_rounds += 1;
-                if request.to == Token(i64::MAX) {
-                    // A check: the writer's first move after a REPLICATE or
-                    // a new connection, whatever it announced.
-                    println!(
-                        "{name}: checking {}'s {}: fetching everything above {} from {}'s log",
-                        request.writer, request.stream, request.from, request.writer
-                    );
-                } else {
-                    println!(
-                        "{name}: {} is at {} {}, past its {}: fetching ({}, {}] from {}'s log",
-                        request.writer,
-                        request.stream,
-                        request.to,
-                        request.from,
-                        request.from,
-                        request.to,
-                        request.writer
-                    );
-                }
+                println!(
+                    "{name}: {} is at {} {}, past its {}: fetching ({}, {}] from {}'s log",
+                    request.writer,
+                    request.stream,
+                    request.to,
+                    request.from,
+                    request.from,
+                    request.to,
+                    request.writer
+                );
                 self.catching_up
                     .insert((name, request.stream.clone()), (request, 0));
             }

@@ -54,11 +54,6 @@ struct Hole {
     /// The open batch the row that opened the range closed, if any: how
     /// many rows, and their fingerprint together ([`Batch`]).
     batch: Option<Batch>,
-    /// Opened by a row of the writer's own answer to a check, which the
-    /// writer had not published yet: what lies below may still come live
-    /// (ids commit out of order), so a late `POSITION` of the writer's
-    /// does not make it fetched (see [`Holes::lowest_fetched_below`]).
-    pending: bool,
 }
 
 /// The `batch` rows a numbered row closed, delivered with it: if that
@@ -108,25 +103,6 @@ impl Holes {
             *slot = (token, print);
         }
         recent.next = (recent.next + 1) % RECENT;
-    }
-
-    /// Marks the range whose top is `token` as opened by a row the writer
-    /// had not published yet (see `Hole::pending`).
-    pub(super) fn mark_pending(&mut self, token: Token) {
-        if let Some(hole) = self.ranges.last_mut().filter(|hole| hole.high == token) {
-            hole.pending = true;
-        }
-    }
-
-    /// [`Holes::lowest_below`], but for the ranges whose rows may still
-    /// come live (`Hole::pending`): where a late `POSITION` of the
-    /// writer's makes a catch-up start.
-    pub(super) fn lowest_fetched_below(&self, token: Token) -> Option<Token> {
-        self.ranges
-            .iter()
-            .find(|hole| !hole.pending)
-            .map(|hole| hole.low)
-            .filter(|&low| low < token)
     }
 
     /// Records that a row `print` was delivered at `token`, if it is the
@@ -204,7 +180,6 @@ impl Holes {
             high,
             prints,
             batch: None,
-            pending: false,
         });
     }
 

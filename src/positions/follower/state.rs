@@ -255,7 +255,7 @@ fn raise(top: &mut Token, token: Token) {
 const MAX_CONTESTED: usize = 4;
 
 /// A stream's `top` before any row was delivered or seeded on it.
-pub(super) const NO_TOP: Token = Token(i64::MIN);
+const NO_TOP: Token = Token(i64::MIN);
 
 /// Up to this many writers per stream, a writer is found by comparing names;
 /// beyond, through a hash map.
@@ -326,11 +326,6 @@ pub(super) struct WriterState {
     /// Rows of the writer's open batch were lost: its numbered row must be
     /// fetched rather than applied.
     pub(super) batch_cut: bool,
-    /// The highest row a check fetched before the writer published it
-    /// ([`NO_TOP`] if none): the writer's `batch` rows up to it may still
-    /// come, and are dropped (`batch_cut`) until a numbered row above it;
-    /// meanwhile every row takes [`StreamState::process_rdata_checked`].
-    pub(super) fetched_to: Token,
     /// A `REPLICATE` came since this writer's last command: it may be the
     /// writer's own, sent on reconnecting after rows it wrote were lost, so
     /// its next command is checked by a catch-up rather than trusted.
@@ -367,7 +362,6 @@ impl WriterState {
             contested: None,
             connected: false,
             batch_cut: false,
-            fetched_to: NO_TOP,
             unproven: false,
             checked_in: NEVER,
             deferred: false,
@@ -396,7 +390,6 @@ impl WriterState {
         self.holes.clear();
         self.floor_print = 0;
         self.contested = None;
-        self.fetched_to = NO_TOP;
     }
 
     /// What a row at `token`, already delivered (last row `print`), is
@@ -467,7 +460,6 @@ impl WriterState {
             && self.connected
             && !self.batch_cut
             && !self.unproven
-            && self.fetched_to == NO_TOP
             && self.batch.len() < ctx.limits.max_batch_rows
             && ctx.buffered_bytes.saturating_add(len) <= ctx.limits.max_buffered_bytes
     }
@@ -483,7 +475,6 @@ impl WriterState {
         (self.connected
             && !self.unproven
             && !self.batch_cut
-            && self.fetched_to == NO_TOP
             && token > position
             && token > self.floor
             && token.0 <= evidence.0.saturating_add(limits.max_token_jump))
@@ -611,10 +602,6 @@ pub(super) struct CatchUp {
     /// Rows above this token are asked for.
     pub(super) cursor: Token,
     pub(super) to: Token,
-    /// The token that made it start (`to`, but for a check): rows of the
-    /// answer above it were never announced, and are taken as live rows
-    /// are (see [`StreamState::start_check`]).
-    pub(super) target: Token,
     /// The connection it started on: only then does completing it connect
     /// the writer.
     pub(super) epoch: u64,
@@ -913,11 +900,6 @@ impl StreamState {
         let token = match rdata.token {
             RdataToken::At(token) => token,
             RdataToken::Batch => {
-                if w.fetched_to != NO_TOP {
-                    // Perhaps one a check fetched already (see `fetched_to`):
-                    // dropped, and its numbered row fetched if it is new.
-                    w.batch_cut = true;
-                }
                 if w.batch_cut || w.unproven {
                     // Its numbered row is fetched, with the whole batch.
                     ctx.counters.batch_rows_discarded += 1;
@@ -946,13 +928,9 @@ impl StreamState {
         let contest = w.is_stale(token).then(|| w.contest(token, print));
         if contest == Some(Contest::Duplicate) {
             ctx.counters.rdata_stale += 1;
-            // Its batch rows, if some were dropped, were this row's.
             w.batch_cut = false;
             w.clear_batch(ctx);
             return;
-        }
-        if token > w.fetched_to {
-            w.fetched_to = NO_TOP;
         }
         let from = match contest {
             Some(_) => Token(token.0.saturating_sub(1)),
@@ -969,7 +947,7 @@ impl StreamState {
             w.clear_batch(ctx);
             ctx.counters.unproven_checked += 1;
             w.checked_in = ctx.interval;
-            self.start_check(wi, from, token, ctx);
+            self.start_catch_up(wi, from, token, ctx);
             return;
         }
         if w.batch_cut {
@@ -1093,7 +1071,7 @@ impl StreamState {
                         (new < p
                             && new < w.floor
                             && !w.floor_claimed
-                            && w.holes.lowest_fetched_below(new).is_none())
+                            && w.holes.lowest_below(new).is_none())
                             || (new == p && !w.unproven)
                     })
             })
@@ -1140,7 +1118,7 @@ impl StreamState {
         if current > new {
             if monotonic {
                 if new < w.floor && !w.floor_claimed {
-                    if let Some(from) = w.holes.lowest_fetched_below(new) {
+                    if let Some(from) = w.holes.lowest_below(new) {
                         // Below a row that jumped ahead (a forged one?),
                         // above tokens never delivered: the writer's rows
                         // there may have been lost in transit. Fetch them.
@@ -1186,8 +1164,7 @@ impl StreamState {
         // have been forged, and the writer's rows there lost in transit
         // or, beside Synapse's writers, never published (they adopt a
         // forged token as their own position).
-        let claimed =
-            w.unproven && (current > w.floor || w.holes.lowest_fetched_below(new).is_some());
+        let claimed = w.unproven && (current > w.floor || w.holes.lowest_below(new).is_some());
         if w.unproven && (current < new || claimed) {
             ctx.counters.unproven_checked += 1;
             w.checked_in = ctx.interval;
@@ -1236,13 +1213,10 @@ impl StreamState {
             }
             return;
         }
+        w.unproven = false;
         // From the rows, not the position: see `gap_start`.
         let from = w.floor;
-        if mem::take(&mut w.unproven) {
-            self.start_check(wi, from, new, ctx);
-        } else {
-            self.start_catch_up(wi, from, new, ctx);
-        }
+        self.start_catch_up(wi, from, new, ctx);
     }
 
     /// Reports that writer `wi` reached `token`.
@@ -1257,26 +1231,6 @@ impl StreamState {
     }
 
     fn start_catch_up(&mut self, wi: usize, from: Token, to: Token, ctx: &mut Ctx) {
-        self.start_fetch(wi, from, to, to, ctx);
-    }
-
-    /// Checks unproven writer `wi` (after a `REPLICATE` or a new
-    /// connection) on account of `target`, its row or announcement: asks
-    /// for everything it has above `from`, not only up to `target`, which
-    /// may have been forged below the writer's real position (the rows it
-    /// wrote above `target` and lost in transit would then be hidden). On
-    /// a stream whose tokens restart (`typing`), up to `target` only: a
-    /// lower announcement still in flight would read as a restart.
-    fn start_check(&mut self, wi: usize, from: Token, target: Token, ctx: &mut Ctx) {
-        let to = if self.monotonic {
-            Token(i64::MAX)
-        } else {
-            target
-        };
-        self.start_fetch(wi, from, to, target, ctx);
-    }
-
-    fn start_fetch(&mut self, wi: usize, from: Token, to: Token, target: Token, ctx: &mut Ctx) {
         let Some(w) = self.writers.get_mut(wi) else {
             return;
         };
@@ -1288,7 +1242,6 @@ impl StreamState {
             id,
             cursor: from,
             to,
-            target,
             epoch: ctx.epoch,
         };
         match &mut w.pending {
@@ -1401,17 +1354,12 @@ impl StreamState {
             return;
         };
         ctx.counters.catch_ups_completed += 1;
-        // What it was for: its `to`, but for a check, which asks beyond.
-        let target = catch_up.target;
         let position = if reached < catch_up.to {
-            // The writer says where it is (a writer of this crate never
-            // confirms more than it reached). Below what it was said to
-            // be at, that claim was false. Back to its rows.
-            if reached < target {
-                ctx.counters.claims_refuted += 1;
-            }
+            // The writer has not reached what it was said to be at: that
+            // claim was false. Back to its rows.
+            ctx.counters.claims_refuted += 1;
             reached.max(w.floor)
-        } else if target.0 > top.max(w.floor).0.saturating_add(ctx.limits.max_token_jump) {
+        } else if catch_up.to.0 > top.max(w.floor).0.saturating_add(ctx.limits.max_token_jump) {
             // Confirmed, but far beyond every row of the stream: Synapse's
             // writers confirm whatever range they are asked, so the answer
             // proves only its rows. The writer stays where they put it;
@@ -1419,7 +1367,7 @@ impl StreamState {
             w.position.map_or(w.floor, |p| p.max(w.floor))
         } else {
             // Only a catch-up inside a hole ends below the position.
-            w.position.map_or(target, |p| p.max(target))
+            w.position.map_or(catch_up.to, |p| p.max(catch_up.to))
         };
         w.position = Some(position);
         w.connected = ctx.connected && catch_up.epoch == ctx.epoch;
@@ -1445,7 +1393,7 @@ impl StreamState {
         let Some(catch_up) = w.catch_up() else {
             return Ok(());
         };
-        let (id, from, to, target) = (catch_up.id, catch_up.cursor, catch_up.to, catch_up.target);
+        let (id, from, to) = (catch_up.id, catch_up.cursor, catch_up.to);
         let mut previous: Option<Token> = None;
         for (token, _) in &page.updates {
             if let Some(previous) = previous.filter(|p| token < p) {
@@ -1492,31 +1440,14 @@ impl StreamState {
                 }
             }
             let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
-            // A check's rows above what made it start, and above every row
-            // delivered, were never announced: the writer may not have
-            // published the rows below them yet (ids commit out of order),
-            // so they settle nothing and leave what they jump over open, as
-            // live rows do.
-            let unannounced = token > target && token > w.floor;
             if w.is_stale(token) && w.contest(token, print) == Contest::Duplicate {
                 // Delivered already; still the writer's word that nothing
                 // of its own lies in the holes below.
-                if !unannounced {
-                    w.holes.settle(token);
-                }
+                w.holes.settle(token);
                 ctx.counters.catch_up_rows_skipped += rows.len() as u64;
                 continue;
             }
-            w.note_delivered(token, print, unannounced, &mut ctx.counters);
-            if unannounced {
-                w.holes.mark_pending(token);
-                // The writer's `batch` rows of these tokens may still be on
-                // their way: with no token of their own, they would join
-                // the next numbered row (a forged one too) and be delivered
-                // twice. Until a numbered row above them comes, batch rows
-                // are dropped, and that row's are fetched if it is new.
-                w.fetched_to = w.fetched_to.max(token);
-            }
+            w.note_delivered(token, print, false, &mut ctx.counters);
             raise(&mut self.top, token);
             ctx.counters.rows_delivered += rows.len() as u64;
             ctx.events.push_back(FollowerEvent::Rows {
@@ -1823,7 +1754,7 @@ mod tests {
     fn writer_state_is_small() {
         // Memory per tracked (stream, writer) pair, before the name's bytes.
         assert!(
-            mem::size_of::<WriterState>() <= 168,
+            mem::size_of::<WriterState>() <= 160,
             "{}",
             mem::size_of::<WriterState>()
         );
