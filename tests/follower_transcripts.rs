@@ -1723,3 +1723,37 @@ fn a_writer_forgotten_to_make_room_loses_no_row() {
     );
     assert_eq!(script.follower.counters().writers_forgotten, 3);
 }
+
+#[test]
+fn a_position_folded_after_rows_and_below_them_hides_none_of_them() {
+    // w1's rows 7 and 8 wait behind its catch-up; a forged POSITION 0 0
+    // follows them, and the queue (4 commands here) overflows into one
+    // summary. The announcement below the rows does not undo them: they
+    // are fetched, not taken as stale.
+    let mut limits = FollowerLimits::default();
+    limits.max_queued_commands = 4;
+    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    script.run(
+        r#"
+        > !seed events w1 0
+        > !connect
+        > POSITION events w1 6 6
+        < catch-up #1 events w1 (0, 6]
+        > RDATA events w1 7 ["a7"]
+        > RDATA events w1 8 ["a8"]
+        > POSITION events w1 0 0
+        > POSITION events w1 0 0
+        > POSITION events w1 0 0
+        > RDATA events w1 9 ["a9"]
+        > !page 1 {"updates":[[6,["a6"]]],"upto_token":6,"limited":false}
+        < rows events w1 6 ["a6"] [catch-up]
+        < position events w1 6
+        < catch-up #2 events w1 (6, 8]
+        > !page 2 {"updates":[[7,["a7"]],[8,["a8"]]],"upto_token":8,"limited":false}
+        < rows events w1 7 ["a7"] [catch-up]
+        < rows events w1 8 ["a8"] [catch-up]
+        < position events w1 8
+        < rows events w1 9 ["a9"]
+        "#,
+    );
+}

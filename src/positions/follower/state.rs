@@ -640,6 +640,8 @@ pub(super) struct Fold {
     open_batch: Option<bool>,
     /// A `REPLICATE` was folded after its last token.
     pub(super) unproven: bool,
+    /// The highest token of its numbered `RDATA` (their rows dropped).
+    rows_to: Option<Token>,
 }
 
 impl Fold {
@@ -647,6 +649,7 @@ impl Fold {
         match token {
             RdataToken::Batch => self.open_batch = Some(true),
             RdataToken::At(token) => {
+                self.rows_to = self.rows_to.max(Some(token));
                 if self.last.is_none_or(|last| token > last) {
                     self.last = Some(token);
                     self.last_announced = false;
@@ -680,6 +683,7 @@ impl Fold {
                 }
                 self.open_batch = earlier.open_batch.or(self.open_batch);
                 self.unproven |= earlier.unproven;
+                self.rows_to = self.rows_to.max(earlier.rows_to);
             }
         }
     }
@@ -1298,8 +1302,15 @@ impl StreamState {
             };
             self.process_position(wi, baseline, baseline, false, ctx);
         }
-        if let Some(last) = fold.last {
-            let stale = !fold.last_announced
+        // On a stream whose tokens only grow, a `POSITION` folded after
+        // rows and below them (late, or forged) does not undo them: the
+        // rows dropped are fetched.
+        let (last, announced) = match (fold.last, fold.rows_to) {
+            (Some(last), Some(rows)) if self.monotonic && rows > last => (Some(rows), false),
+            _ => (fold.last, fold.last_announced),
+        };
+        if let Some(last) = last {
+            let stale = !announced
                 && self
                     .writers
                     .get(wi)
