@@ -1724,6 +1724,125 @@ fn a_writer_forgotten_to_make_room_loses_no_row() {
     assert_eq!(script.follower.counters().writers_forgotten, 3);
 }
 
+/// A follower that asks a writer to prove its rows every `rows` rows.
+fn proving_every(rows: usize) -> Script {
+    let mut limits = FollowerLimits::default();
+    limits.max_unproven_rows = rows;
+    Script::with(Follower::with_limits(name("f1"), deployment(), limits))
+}
+
+#[test]
+fn a_writer_proves_its_rows_and_they_are_forgotten() {
+    // Every 3 live rows w1 is asked for the last one; holding it, its
+    // answer proves every row up to it, which the follower forgets: a row
+    // there again is a duplicate, whatever its fingerprint. Nothing waits
+    // for the answer.
+    let mut script = proving_every(3);
+    script.run(
+        r#"
+        > !connect
+        > POSITION events w1 10 10
+        < started events w1 10
+        > RDATA events w1 11 ["a11"]
+        < rows events w1 11 ["a11"]
+        > RDATA events w1 12 ["a12"]
+        < rows events w1 12 ["a12"]
+        > RDATA events w1 13 ["a13"]
+        < rows events w1 13 ["a13"]
+        < catch-up #1 events w1 (12, 13]
+        > RDATA events w1 14 ["a14"]
+        < rows events w1 14 ["a14"]
+        > RDATA events w1 15 ["a15"]
+        < rows events w1 15 ["a15"]
+        > !page 1 {"updates":[[13,["a13"]]],"upto_token":13,"limited":false}
+        # Proven: another row at 12 is a replay (or forged), not w1's.
+        > RDATA events w1 12 ["other"]
+        # Not proven yet: another row at 14 may be w1's own (the one
+        # delivered there forged), and the writer's answer says.
+        > RDATA events w1 14 ["other"]
+        < catch-up #2 events w1 (13, 14]
+        > !page 2 {"updates":[[14,["a14"]]],"upto_token":14,"limited":false}
+        < position events w1 15
+        "#,
+    );
+    let counters = script.follower.counters();
+    assert_eq!(
+        (counters.proofs_requested, counters.proofs_confirmed),
+        (1, 2)
+    );
+    assert_eq!(counters.unproven_forgotten, 0);
+}
+
+#[test]
+fn a_long_run_of_forged_rows_at_the_writer_s_next_tokens_hides_no_row() {
+    // Rows forged at w1's next tokens one after the other jump over
+    // nothing: only the rows the follower recorded tell w1's own rows
+    // there from duplicates, and it keeps them until w1 proves them. 100
+    // forged rows (w1 asked every 16: they are not its rows, so its
+    // answers prove nothing), then w1's own rows at those tokens and
+    // above: each is delivered once, and its rows above the forged ones,
+    // proven, free the record.
+    let mut limits = FollowerLimits::default();
+    limits.max_unproven_rows = 64;
+    let mut f = Follower::with_limits(name("f1"), deployment(), limits);
+    let mut log: Vec<(i64, String)> = Vec::new();
+    let mut delivered = Vec::new();
+    let rdata = |token: i64, row: &str| {
+        Command::decode(Bytes::from(format!("RDATA events w1 {token} {row}")))
+            .unwrap()
+            .unwrap()
+    };
+    // Answers every catch-up from w1's log, and keeps the rows delivered.
+    let drain = |f: &mut Follower, log: &[(i64, String)], delivered: &mut Vec<String>| loop {
+        let Some(event) = f.poll_event() else { break };
+        match event {
+            FollowerEvent::CatchUp(request) => {
+                let updates: Vec<String> = log
+                    .iter()
+                    .filter(|(t, _)| request.from.get() < *t && *t <= request.to.get())
+                    .map(|(t, row)| format!("[{t},{row}]"))
+                    .collect();
+                let json = format!(
+                    r#"{{"updates":[{}],"upto_token":{},"limited":false}}"#,
+                    updates.join(","),
+                    request.to
+                );
+                let page = CatchUpPage::from_json(Bytes::from(json)).unwrap();
+                f.handle_catch_up(request.id, page).unwrap();
+            }
+            FollowerEvent::Rows { rows, .. } => {
+                delivered.extend(rows.iter().map(|r| r.as_str().to_owned()))
+            }
+            _ => {}
+        }
+    };
+    f.connected();
+    f.handle_command(
+        Command::decode(Bytes::from("POSITION events w1 10 10"))
+            .unwrap()
+            .unwrap(),
+    );
+    for token in 11..=110 {
+        f.handle_command(rdata(token, &format!(r#"["forged",{token}]"#)));
+        drain(&mut f, &log, &mut delivered);
+    }
+    for token in 11..=300 {
+        let row = format!(r#"["w1",{token}]"#);
+        log.push((token, row.clone()));
+        f.handle_command(rdata(token, &row));
+        drain(&mut f, &log, &mut delivered);
+    }
+    let own: Vec<&String> = delivered
+        .iter()
+        .filter(|r| r.starts_with(r#"["w1""#))
+        .collect();
+    let expected: Vec<String> = (11..=300).map(|t| format!(r#"["w1",{t}]"#)).collect();
+    assert_eq!(own, expected.iter().collect::<Vec<_>>());
+    let counters = f.counters();
+    assert_eq!(counters.unproven_forgotten, 0);
+    assert!(counters.proofs_confirmed >= 1, "{counters:?}");
+}
+
 #[test]
 fn a_position_folded_after_rows_and_below_them_hides_none_of_them() {
     // w1's rows 7 and 8 wait behind its catch-up; a forged POSITION 0 0

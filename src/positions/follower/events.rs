@@ -254,6 +254,19 @@ pub struct FollowerLimits {
     /// instead: a row forged far ahead never lands, and a real one arrives
     /// through the writer's own answer.
     pub max_token_jump: i64,
+    /// Rows delivered live per writer between two proofs (default 256).
+    /// Until a writer proves its rows, the follower keeps the token and a
+    /// fingerprint of each: that is how the writer's own row at a token
+    /// where a forged one was delivered first is told from a duplicate.
+    /// Every this many rows it asks the writer for its last row (a
+    /// [`FollowerEvent::CatchUp`] of one token, answered, retried and
+    /// reported by the drivers as any other; nothing waits for it): an
+    /// answer that holds it proves every row below, which is then
+    /// forgotten. Only writers the configuration names, on streams whose
+    /// tokens only grow, are asked. Beyond four times this many unproven
+    /// rows (16 for other writers), the oldest gives way
+    /// ([`FollowerCounters::unproven_forgotten`]).
+    pub max_unproven_rows: usize,
 }
 
 impl Default for FollowerLimits {
@@ -264,6 +277,7 @@ impl Default for FollowerLimits {
             max_buffered_bytes: 64 << 20,
             max_tracked_pairs: 4096,
             max_token_jump: 1_000_000,
+            max_unproven_rows: 256,
         }
     }
 }
@@ -338,4 +352,14 @@ pub struct FollowerCounters {
     /// `RDATA` at the token of the writer's last row but with other rows:
     /// delivered, not dropped as a duplicate (one of the two was forged).
     pub rows_contested: u64,
+    /// Proofs asked of writers (see [`FollowerLimits::max_unproven_rows`]),
+    /// retries included.
+    pub proofs_requested: u64,
+    /// Answers that held a row delivered live, proving every row below it.
+    pub proofs_confirmed: u64,
+    /// Rows of writers that can be asked whose fingerprints were forgotten
+    /// before the writer proved them (it did not answer in time): a row of
+    /// the writer's at such a token, after a forged one there, is taken as
+    /// a duplicate.
+    pub unproven_forgotten: u64,
 }

@@ -25,20 +25,6 @@ const PRINTS: usize = 4;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Holes {
     ranges: Vec<Hole>,
-    /// The last [`RECENT`] rows delivered live, token and fingerprint, in
-    /// a ring (allocated with the first): rows forged at the writer's
-    /// next tokens one after the other jump over nothing, and the
-    /// writer's own rows there then come below the last row.
-    recent: Option<Box<Recent>>,
-}
-
-/// How many rows delivered live a writer keeps the fingerprints of.
-pub(super) const RECENT: usize = 16;
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Recent {
-    rows: [(Token, u64); RECENT],
-    next: usize,
 }
 
 /// One range, and the rows delivered at its top.
@@ -84,25 +70,6 @@ impl Holes {
             .iter()
             .find(|hole| hole.high == token)
             .map(|hole| &hole.prints[..])
-    }
-
-    /// Whether a row at `token` with fingerprint `print` is among the last
-    /// rows delivered live (`Some(true)`), others at that token are but
-    /// not it (`Some(false)`), or none at that token is (`None`).
-    pub(super) fn recently(&self, token: Token, print: u64) -> Option<bool> {
-        let recent = self.recent.as_deref()?;
-        let mut at = recent.rows.iter().filter(|(t, p)| *t == token && *p != 0);
-        let first = at.next()?;
-        Some(first.1 == print || at.any(|(_, p)| *p == print))
-    }
-
-    /// Records that a row `print` was delivered live at `token`.
-    pub(super) fn note_recent(&mut self, token: Token, print: u64) {
-        let recent = self.recent.get_or_insert_default();
-        if let Some(slot) = recent.rows.get_mut(recent.next) {
-            *slot = (token, print);
-        }
-        recent.next = (recent.next + 1) % RECENT;
     }
 
     /// Records that a row `print` was delivered at `token`, if it is the
@@ -193,10 +160,9 @@ impl Holes {
         }
     }
 
-    /// Forgets every range and row (the writer starts afresh).
+    /// Forgets every range (the writer starts afresh).
     pub(super) fn clear(&mut self) {
         self.ranges = Vec::new();
-        self.recent = None;
     }
 }
 
@@ -276,23 +242,6 @@ mod tests {
         // The oldest gave way.
         assert!(!h.contains(Token(7)));
         assert!(h.contains(Token(10)));
-    }
-
-    #[test]
-    fn the_last_rows_are_recognised_by_token_and_print() {
-        let mut h = Holes::default();
-        assert_eq!(h.recently(Token(1), 5), None);
-        for token in 1..=RECENT as i64 + 2 {
-            h.note_recent(Token(token), 100 + token as u64);
-        }
-        assert_eq!(h.recently(Token(1), 101), None, "pushed out");
-        assert_eq!(h.recently(Token(3), 103), Some(true));
-        assert_eq!(h.recently(Token(3), 7), Some(false));
-        // The oldest gives way: (3, 103) itself.
-        h.note_recent(Token(3), 7);
-        assert_eq!(h.recently(Token(3), 7), Some(true));
-        assert_eq!(h.recently(Token(3), 103), Some(false));
-        assert_eq!(h.recently(Token(4), 104), Some(true));
     }
 
     #[test]

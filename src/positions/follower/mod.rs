@@ -6,6 +6,7 @@
 
 mod events;
 mod holes;
+mod record;
 mod room;
 mod rows;
 mod state;
@@ -162,9 +163,15 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 ///   at that token) is delivered too ([`FollowerCounters::rows_contested`]):
 ///   as it comes at the last row's token; below it, through a catch-up
 ///   (the writer's answer says which row there is its). The follower
-///   knows the rows delivered at the top of each range kept, and at the
-///   last 16 tokens delivered live (forged rows at the writer's next
-///   tokens one after the other jump over nothing). A `POSITION` below
+///   knows the rows delivered at the top of each range kept, and records
+///   every row a writer delivered until the writer proves it: forged
+///   rows at the writer's next tokens one after the other jump over
+///   nothing, and only that record tells the writer's own rows there from
+///   duplicates. Every [`FollowerLimits::max_unproven_rows`] rows
+///   delivered live, the writer is asked for the last one (a
+///   [`CatchUpRequest`] of one token that nothing waits for); its answer
+///   holding that row proves every row below, which is then forgotten.
+///   A `POSITION` below
 ///   the last row, or a writer's first on a new connection, with a range
 ///   still open below it fetches that range: the writer's rows there may
 ///   have been lost in transit.
@@ -181,11 +188,14 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// send more than 32 rows ahead of the
 /// writer, each jumping above the one before, so that the range the first
 /// jumped over is no longer kept when the writer's rows there come (they
-/// are then taken as stale); send more than 16 rows at the writer's
-/// next tokens *one after the other*, ahead of the writer's own (no token
-/// jumped over): a row of the writer's at the first of them then arrives
-/// below the last row at a token whose rows are no longer known, and is
-/// taken as a duplicate. Announcing a writer before the writer does,
+/// are then taken as stale); send rows at the writer's next tokens *one
+/// after the other*, ahead of the writer's own, faster than the writer
+/// proves its rows: beyond four times
+/// [`FollowerLimits::max_unproven_rows`] rows not yet proven (16 for a
+/// writer the configuration does not name, which is never asked), the
+/// oldest are forgotten ([`FollowerCounters::unproven_forgotten`]), and a
+/// row of the writer's at such a token is taken as a duplicate.
+/// Announcing a writer before the writer does,
 /// after this follower (re)connects or after a `REPLICATE`, makes the
 /// writer's next move checked whatever was announced (see "A writer that
 /// lost its own connection"), with one narrow case left: an announcement
@@ -624,6 +634,12 @@ impl Follower {
         id: CatchUpId,
         page: CatchUpPage,
     ) -> Result<(), CatchUpError> {
+        if let Some((slot, wi)) = self.streams.find_probe(id) {
+            if let Some(stream) = self.streams.get_mut(slot) {
+                stream.apply_proof(wi, page, &mut self.ctx);
+            }
+            return Ok(());
+        }
         let Some((slot, wi)) = self.streams.find_catch_up(id) else {
             return Err(CatchUpError::UnknownId(id));
         };
@@ -638,6 +654,12 @@ impl Follower {
     /// (other writers' and other streams' do not); retrying (and backing
     /// off) is the application's choice.
     pub fn catch_up_failed(&mut self, id: CatchUpId) -> Result<(), CatchUpError> {
+        if let Some((slot, wi)) = self.streams.find_probe(id) {
+            if let Some(stream) = self.streams.get_mut(slot) {
+                stream.proof_failed(wi, &mut self.ctx);
+            }
+            return Ok(());
+        }
         let Some((stream, wi)) = self
             .streams
             .find_catch_up(id)

@@ -9,6 +9,7 @@ use crate::wire::{InstanceName, Position, RawRow, Rdata, RdataToken, StreamName,
 use super::super::catch_up::{CatchUpError, CatchUpId, CatchUpPage, CatchUpRequest};
 use super::super::tokens_only_grow;
 use super::holes::{self, Batch, Holes};
+use super::record::{self, Record};
 use super::{FollowerCounters, FollowerEvent, FollowerLimits, RowOrigin, Rows};
 
 /// State shared by every stream.
@@ -114,13 +115,18 @@ impl Streams {
         self.known.iter().chain(self.others.iter())
     }
 
+    /// The stream and writer whose proof ([`Probe`]) has this id.
+    pub(super) fn find_probe(&self, id: CatchUpId) -> Option<(Slot, usize)> {
+        self.find_writer_where(|w| w.probe.as_ref().is_some_and(|p| p.id == id))
+    }
+
     /// The stream and writer whose catch-up has this id.
     pub(super) fn find_catch_up(&self, id: CatchUpId) -> Option<(Slot, usize)> {
-        let find = |s: &StreamState| {
-            s.writers
-                .iter()
-                .position(|w| w.catch_up().is_some_and(|c| c.id == id))
-        };
+        self.find_writer_where(|w| w.catch_up().is_some_and(|c| c.id == id))
+    }
+
+    /// The stream and index of the first writer `matches`.
+    fn find_writer_where(&self, matches: impl Fn(&WriterState) -> bool) -> Option<(Slot, usize)> {
         let known = self
             .known
             .iter()
@@ -131,9 +137,10 @@ impl Streams {
             .iter()
             .enumerate()
             .map(|(i, s)| (Slot::Other(i), s));
-        known
-            .chain(others)
-            .find_map(|(slot, s)| find(s).map(|wi| (slot, wi)))
+        known.chain(others).find_map(|(slot, s)| {
+            let wi = s.writers.iter().position(&matches)?;
+            Some((slot, wi))
+        })
     }
 }
 
@@ -202,6 +209,21 @@ fn batch_print(rows: &[RawRow]) -> u64 {
     })
 }
 
+/// The token and fingerprint of the last row at each token of `updates`
+/// (in token order): what stands for the rows of a token, as when they
+/// are delivered.
+fn last_prints(updates: &[(Token, RawRow)]) -> Vec<(Token, u64)> {
+    let mut prints: Vec<(Token, u64)> = Vec::new();
+    for (token, row) in updates {
+        let print = fingerprint(row.as_bytes());
+        match prints.last_mut() {
+            Some(last) if last.0 == *token => last.1 = print,
+            _ => prints.push((*token, print)),
+        }
+    }
+    prints
+}
+
 /// Applies writer `w`'s row at `token`, one [`WriterState::in_order`]
 /// found in order (at `position`): the event takes the `RDATA`'s fields,
 /// moved once.
@@ -223,7 +245,7 @@ fn apply_in_order(
     let print = fingerprint(row.as_bytes());
     let batch = w.closing_batch(token);
     let rows = w.take_rows(row, ctx);
-    w.note_delivered_above(token, position, print);
+    w.note_delivered_above(token, position, print, ctx);
     if let Some(batch) = batch {
         w.holes.note_batch(token, batch);
     }
@@ -313,6 +335,12 @@ pub(super) struct WriterState {
     /// hides nothing below it), until an answer of the writer's settles
     /// them.
     holes: Holes,
+    /// Rows delivered that the writer has not proved yet (see
+    /// [`Record`]).
+    record: Record,
+    /// The proof asked of the writer and not yet answered: its last row
+    /// delivered live, as [`Record::due`] gave it.
+    probe: Option<Box<Probe>>,
     /// A [`fingerprint`] of the last row delivered at `floor`, 0 when no
     /// row was: another row at that token is not its duplicate.
     floor_print: u64,
@@ -346,6 +374,9 @@ pub(super) struct WriterState {
     pub(super) configured: bool,
     /// `Ctx::clock` when it was last heard from.
     pub(super) heard: u64,
+    /// It can be asked to prove its rows: the configuration names it, on
+    /// a stream whose tokens only grow (set when added to one).
+    askable: bool,
 }
 
 impl WriterState {
@@ -353,11 +384,14 @@ impl WriterState {
         WriterState {
             configured,
             heard: 0,
+            askable: false,
             name,
             position: None,
             floor: Token(0),
             floor_claimed: false,
             holes: Holes::default(),
+            record: Record::default(),
+            probe: None,
             floor_print: 0,
             contested: None,
             connected: false,
@@ -388,8 +422,37 @@ impl WriterState {
         self.floor = token;
         self.floor_claimed = claimed;
         self.holes.clear();
+        self.record.clear();
         self.floor_print = 0;
         self.contested = None;
+    }
+
+    /// How many rows [`WriterState::record`] keeps before the oldest gives
+    /// way: four proofs' worth for a writer that can be asked, else
+    /// [`record::UNASKED`].
+    fn keep(&self, limits: &FollowerLimits) -> usize {
+        if self.askable {
+            limits
+                .max_unproven_rows
+                .saturating_mul(4)
+                .max(record::UNASKED)
+        } else {
+            record::UNASKED
+        }
+    }
+
+    /// Records a row delivered at `token` in [`WriterState::record`].
+    fn record(&mut self, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
+        let keep = self.keep(&ctx.limits);
+        if self.record.note(token, print, live, keep) && self.askable {
+            ctx.counters.unproven_forgotten += 1;
+        }
+    }
+
+    /// Whether to ask the writer for a proof now: it can be asked, none is
+    /// outstanding, and enough rows came since the last.
+    fn proof_due(&self, limits: &FollowerLimits) -> bool {
+        self.askable && self.probe.is_none() && self.record.due(limits.max_unproven_rows.max(1))
     }
 
     /// What a row at `token`, already delivered (last row `print`), is
@@ -403,10 +466,10 @@ impl WriterState {
         } else if let Some(prints) = self.holes.prints_at(token) {
             (0, prints)
         } else {
-            return match self.holes.recently(token, print) {
+            return match self.record.knows(token, print) {
                 Some(false) => Contest::Other,
-                // One of the last rows, or a token whose rows were not
-                // kept: stale.
+                // One of the rows recorded, or a token the writer proved
+                // (or whose rows were not kept): stale.
                 Some(true) | None => Contest::Duplicate,
             };
         };
@@ -520,7 +583,7 @@ impl WriterState {
     /// position and the floor: what it does then, without the branches
     /// that cannot be taken.
     #[inline(always)]
-    fn note_delivered_above(&mut self, token: Token, position: Token, print: u64) {
+    fn note_delivered_above(&mut self, token: Token, position: Token, print: u64, ctx: &mut Ctx) {
         debug_assert!(self.position == Some(position) && token > position && token > self.floor);
         self.floor_print = print;
         if self.contested.is_some() {
@@ -530,20 +593,14 @@ impl WriterState {
         // From the last row, not the position: a `POSITION` only claimed
         // the tokens between, and only rows make rows stale.
         self.holes.open(self.floor, token, print);
-        self.holes.note_recent(token, print);
+        self.record(token, print, true, ctx);
         self.floor = token;
         self.floor_claimed = false;
         self.position = Some(token);
     }
 
     /// Records that rows at `token` were delivered (`live`: from `RDATA`).
-    fn note_delivered(
-        &mut self,
-        token: Token,
-        print: u64,
-        live: bool,
-        counters: &mut FollowerCounters,
-    ) {
+    fn note_delivered(&mut self, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
         if token > self.floor {
             self.floor_print = print;
             self.contested = None;
@@ -554,7 +611,7 @@ impl WriterState {
             // The floor may be the top of a range too, and stay its top.
             self.holes.note_print(token, print);
         }
-        self.holes.note_recent(token, print);
+        self.record(token, print, live, ctx);
         if !live {
             // A row of the writer's own answer, which started below every
             // hole under it: nothing of the writer's is left there.
@@ -571,7 +628,7 @@ impl WriterState {
             Some(position) if token < position && token == self.floor => {
                 // The writer had been said to be beyond this row with
                 // nothing in between: that claim was false.
-                counters.claims_refuted += 1;
+                ctx.counters.claims_refuted += 1;
                 self.position = Some(token);
             }
             Some(position) if token <= position => {}
@@ -605,6 +662,14 @@ pub(super) struct CatchUp {
     /// The connection it started on: only then does completing it connect
     /// the writer.
     pub(super) epoch: u64,
+}
+
+/// A proof asked of a writer: its rows at `token`, where a row was
+/// delivered live that its answer either holds (proving every row below)
+/// or not (it was forged, and stays recorded). Nothing waits for it.
+pub(super) struct Probe {
+    pub(super) id: CatchUpId,
+    token: Token,
 }
 
 pub(super) enum Queued {
@@ -704,7 +769,7 @@ impl StreamState {
     /// Records that writer `wi`'s rows at `token` were delivered.
     fn delivered(&mut self, wi: usize, token: Token, print: u64, live: bool, ctx: &mut Ctx) {
         if let Some(w) = self.writers.get_mut(wi) {
-            w.note_delivered(token, print, live, &mut ctx.counters);
+            w.note_delivered(token, print, live, ctx);
         }
         self.raise_top(token);
     }
@@ -756,7 +821,8 @@ impl StreamState {
             .and_then(|wi| self.writers.get(wi))
     }
 
-    pub(super) fn add_writer(&mut self, writer: WriterState) -> usize {
+    pub(super) fn add_writer(&mut self, mut writer: WriterState) -> usize {
+        writer.askable = writer.configured && self.monotonic;
         let wi = self.writers.len();
         if let Some(index) = &mut self.index {
             index.insert(writer.name.clone(), wi);
@@ -870,6 +936,9 @@ impl StreamState {
             RdataToken::At(token) => {
                 if let Some(position) = w.in_order(token, self.top, &ctx.limits) {
                     apply_in_order(w, &mut self.top, token, position, rdata, ctx);
+                    if w.proof_due(&ctx.limits) {
+                        self.ask_for_proof(wi, ctx);
+                    }
                     return;
                 }
             }
@@ -1022,6 +1091,77 @@ impl StreamState {
             rows,
             source: RowOrigin::Live,
         });
+        if self
+            .writers
+            .get(wi)
+            .is_some_and(|w| w.proof_due(&ctx.limits))
+        {
+            self.ask_for_proof(wi, ctx);
+        }
+    }
+
+    /// Asks writer `wi` for its last row delivered live
+    /// ([`FollowerLimits::max_unproven_rows`]): a request of one token,
+    /// answered as any catch-up, that nothing waits for.
+    fn ask_for_proof(&mut self, wi: usize, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let Some(token) = w.record.last_live() else {
+            return;
+        };
+        w.record.asked();
+        let id = ctx.next_id();
+        w.probe = Some(Box::new(Probe { id, token }));
+        self.request_proof(wi, ctx);
+    }
+
+    /// Writer `wi`'s proof could not be fetched: asked again, with a new
+    /// id, as a catch-up is.
+    pub(super) fn proof_failed(&mut self, wi: usize, ctx: &mut Ctx) {
+        let probe = self.writers.get_mut(wi).and_then(|w| w.probe.as_mut());
+        if let Some(probe) = probe {
+            probe.id = ctx.next_id();
+            ctx.counters.catch_up_retries += 1;
+            self.request_proof(wi, ctx);
+        }
+    }
+
+    /// Sends writer `wi`'s proof request.
+    fn request_proof(&mut self, wi: usize, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get(wi) else {
+            return;
+        };
+        let Some(probe) = w.probe.as_ref() else {
+            return;
+        };
+        ctx.counters.proofs_requested += 1;
+        ctx.events.push_back(FollowerEvent::CatchUp(CatchUpRequest {
+            id: probe.id,
+            stream: self.name.clone(),
+            writer: w.name.clone(),
+            from: Token(probe.token.0.saturating_sub(1)),
+            to: probe.token,
+        }));
+    }
+
+    /// Applies writer `wi`'s answer to its proof: if it holds the row
+    /// delivered live at the token asked, every row up to it is proven.
+    /// It delivers nothing: a row it holds that was not delivered comes
+    /// live, or through a catch-up, as any other.
+    pub(super) fn apply_proof(&mut self, wi: usize, page: CatchUpPage, ctx: &mut Ctx) {
+        let Some(w) = self.writers.get_mut(wi) else {
+            return;
+        };
+        let Some(probe) = w.probe.take() else {
+            return;
+        };
+        let held = last_prints(&page.updates)
+            .into_iter()
+            .find(|(token, _)| *token == probe.token);
+        if held.is_some_and(|(token, print)| w.record.prove(token, print)) {
+            ctx.counters.proofs_confirmed += 1;
+        }
     }
 
     /// An `RDATA` of writer `wi` whose row is lost: a gap to fetch, never
@@ -1453,12 +1593,16 @@ impl StreamState {
             let print = rows.last().map_or(0, |row| fingerprint(row.as_bytes()));
             if w.is_stale(token) && w.contest(token, print) == Contest::Duplicate {
                 // Delivered already; still the writer's word that nothing
-                // of its own lies in the holes below.
+                // of its own lies in the holes below, and, if it came live,
+                // the proof of every row below it.
                 w.holes.settle(token);
+                if w.record.prove(token, print) {
+                    ctx.counters.proofs_confirmed += 1;
+                }
                 ctx.counters.catch_up_rows_skipped += rows.len() as u64;
                 continue;
             }
-            w.note_delivered(token, print, false, &mut ctx.counters);
+            w.note_delivered(token, print, false, ctx);
             raise(&mut self.top, token);
             ctx.counters.rows_delivered += rows.len() as u64;
             ctx.events.push_back(FollowerEvent::Rows {
@@ -1763,9 +1907,10 @@ mod tests {
 
     #[test]
     fn writer_state_is_small() {
-        // Memory per tracked (stream, writer) pair, before the name's bytes.
+        // Memory per tracked (stream, writer) pair, before the name's bytes
+        // and the rows recorded (none allocated before the first).
         assert!(
-            mem::size_of::<WriterState>() <= 160,
+            mem::size_of::<WriterState>() <= 200,
             "{}",
             mem::size_of::<WriterState>()
         );
