@@ -1142,13 +1142,16 @@ fn after_replicate_a_position_is_checked_whatever_its_prev() {
         < position events w1 14
         # nor does a POSITION at the follower's own position, which any
         # process may send ahead of the writer's: as the position rests on
-        # a claim (nothing was delivered at 14), it is checked at once
+        # a claim (nothing was delivered at 14), it is checked at once, and
+        # as it moved nothing, the writer's next move is checked too
         > REPLICATE
         > POSITION events w1 14 14
         < catch-up #2 events w1 (13, 14]
         > POSITION events w1 14 16
         > !page 2 {"updates":[],"upto_token":14,"limited":false}
         < position events w1 14
+        < catch-up #3 events w1 (13, 16]
+        > !page 3 {"updates":[],"upto_token":16,"limited":false}
         < position events w1 16
         > POSITION events w1 16 17
         < position events w1 17
@@ -1873,6 +1876,38 @@ fn a_position_folded_after_rows_and_below_them_hides_none_of_them() {
         < rows events w1 8 ["a8"] [catch-up]
         < position events w1 8
         < rows events w1 9 ["a9"]
+        "#,
+    );
+}
+
+#[test]
+fn a_forged_announcement_at_the_follower_s_position_hides_no_row() {
+    // w1's position (12) rests on a claim above its last row (10). While
+    // the follower is away, w1 writes 13 and 14 (lost). On the new
+    // connection a forged `POSITION w1 12 12` comes before w1's own: the
+    // claim is checked at once, up to 12; as the announcement moved
+    // nothing, w1's next row is checked too, and 13 and 14 are fetched.
+    run(
+        "f1",
+        r#"
+        > !connect
+        > POSITION events w1 10 10
+        < started events w1 10
+        > POSITION events w1 10 12
+        < position events w1 12
+        > !disconnect
+        > !connect
+        > POSITION events w1 12 12
+        < catch-up #1 events w1 (10, 12]
+        > !page 1 {"updates":[],"upto_token":12,"limited":false}
+        < position events w1 12
+        > RDATA events w1 15 ["ev","$15"]
+        < catch-up #2 events w1 (10, 15]
+        > !page 2 {"updates":[[13,["ev","$13"]],[14,["ev","$14"]],[15,["ev","$15"]]],"upto_token":15,"limited":false}
+        < rows events w1 13 ["ev","$13"] [catch-up]
+        < rows events w1 14 ["ev","$14"] [catch-up]
+        < rows events w1 15 ["ev","$15"] [catch-up]
+        < position events w1 15
         "#,
     );
 }

@@ -89,9 +89,11 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// caught up to whatever its `prev` says. A `POSITION` at its position
 /// proves nothing (any process may send one ahead of the writer's own):
 /// the writer stays unproven, and where that position rests on a claim
-/// (above the last row delivered) the claim is checked at once. Commands held behind a catch-up keep their
-/// place relative to the `REPLICATE`. The cost is at most one catch-up per
-/// writer that moves after a `REPLICATE` or a reconnection; what a writer
+/// (above the last row delivered) the claim is checked at once, and the
+/// writer's next move after it too. Commands held behind a catch-up keep
+/// their place relative to the `REPLICATE`. The cost is at most one
+/// catch-up per writer that moves after a `REPLICATE` or a reconnection
+/// (two where its position rests on a claim); what a writer
 /// publishes after its `REPLICATE` reaches every connected subscriber, so
 /// one check per writer is enough. Any process
 /// may publish `REPLICATE`, in a loop too: with
@@ -185,32 +187,24 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// open batch with a forged numbered row (the batch's rows are then
 /// delivered under the forged token, once: when a catch-up fetches them
 /// again with their own numbered row, they are recognised and skipped);
-/// send more than 32 rows ahead of the
-/// writer, each jumping above the one before, so that the range the first
-/// jumped over is no longer kept when the writer's rows there come (they
-/// are then taken as stale); send rows at the writer's next tokens *one
-/// after the other*, ahead of the writer's own, faster than the writer
-/// proves its rows: beyond four times
+/// send more than 32 rows ahead of the writer, each jumping above the one
+/// before, so that the range the first jumped over is no longer kept when
+/// the writer's rows there come (they are then taken as stale); send rows
+/// at the writer's next tokens *one after the other*, ahead of the writer's
+/// own, faster than the writer proves its rows: beyond four times
 /// [`FollowerLimits::max_unproven_rows`] rows not yet proven (16 for a
 /// writer the configuration does not name, which is never asked), the
 /// oldest are forgotten ([`FollowerCounters::unproven_forgotten`]), and a
-/// row of the writer's at such a token is taken as a duplicate.
-/// Announcing a writer before the writer does,
-/// after this follower (re)connects or after a `REPLICATE`, makes the
-/// writer's next move checked whatever was announced (see "A writer that
-/// lost its own connection"), with one narrow case left: an announcement
-/// forged at the follower's own position, where that position rests on a
-/// claim, is checked at once but only up to that position, and the
-/// writer's rows above it that were lost in transit while this follower
-/// was away stay hidden if the writer's next row comes live before its
-/// own announcement (found by the model test, about once in 20,000
-/// cases). On streams whose tokens restart (`typing`, ...), a
-/// forged `POSITION` below the position is taken as a restart, as
-/// Synapse takes it. The model test's adversary forges every other kind
-/// of line, at any token (runs of rows ahead that jump over the
-/// writer's, and rows at the very tokens the writer writes next,
-/// included), and checks that every row a writer wrote is delivered
-/// once, in order.
+/// row of the writer's at such a token is taken as a duplicate. Announcing
+/// a writer before the writer does, after this follower (re)connects or
+/// after a `REPLICATE`, makes the writer's next move checked whatever was
+/// announced (see "A writer that lost its own connection"). On streams
+/// whose tokens restart (`typing`, ...), a forged `POSITION` below the
+/// position is taken as a restart, as Synapse takes it. The model test's
+/// adversary forges every other kind of line, at any token (runs of rows
+/// ahead that jump over the writer's, and rows at the very tokens the
+/// writer writes next, included), and checks that every row a writer wrote
+/// is delivered once, in order.
 ///
 /// Deliberate differences from Synapse: connection state and `batch` rows
 /// are kept per (stream, writer), not per stream, so that a `POSITION` of

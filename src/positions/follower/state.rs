@@ -1357,7 +1357,11 @@ impl StreamState {
             }
             return;
         }
-        w.unproven = false;
+        // Checked up to `new`; an announcement that moves nothing still
+        // proves nothing of what lies above it (the writer's rows there may
+        // have been lost in transit, and a forged one may come ahead of the
+        // writer's own), so an unproven writer's next move is checked too.
+        w.unproven &= current == new;
         // From the rows, not the position: see `gap_start`.
         let from = w.floor;
         self.start_catch_up(wi, from, new, ctx);
