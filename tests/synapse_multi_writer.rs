@@ -65,12 +65,12 @@ use common::synapse::SynapseDeployment;
 use serde_json::{Value, json};
 use synapse_replication::config::{RedisConfig, StreamWriters};
 use synapse_replication::positions::{
-    CatchUpRequest, Follower, FollowerEvent, FollowerLimits, RowOrigin, Writer,
+    CatchUpId, CatchUpRequest, Follower, FollowerEvent, FollowerLimits, RowOrigin, Writer,
 };
 use synapse_replication::session::{RedisEvent, RedisSession};
 use synapse_replication::streams::{EventsRowData, Row};
 use synapse_replication::transport::{CatchUpSource, HttpCatchUp, RedisClient, SmolRuntime};
-use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName};
+use synapse_replication::wire::{Command, InstanceName, RawRow, RdataToken, StreamName, Token};
 
 /// How long any one expected thing may take to happen.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -103,6 +103,9 @@ struct Record {
     ev_rows: Vec<EvRow>,
     /// Rows delivered per stream, live and caught up.
     live_rows: BTreeMap<String, usize>,
+    /// The first tokens delivered live with more than one row (a batch:
+    /// `RDATA ... batch` rows, then the numbered one), as delivered.
+    live_batches: Vec<(StreamName, InstanceName, i64, Vec<String>)>,
     caught_up_rows: BTreeMap<String, usize>,
     /// Every command received, in order.
     received: Vec<Command>,
@@ -143,6 +146,11 @@ impl Record {
             RowOrigin::CatchUp => &mut self.caught_up_rows,
         };
         *count.entry(stream.as_str().to_owned()).or_default() += rows.len();
+        if source == RowOrigin::Live && rows.len() > 1 && self.live_batches.len() < 40 {
+            let texts = rows.iter().map(|row| row.as_str().to_owned()).collect();
+            self.live_batches
+                .push((stream.clone(), writer.clone(), token, texts));
+        }
         if *stream != StreamName::Events {
             return;
         }
@@ -574,6 +582,7 @@ fn multi_writer_deployment_through_faults() {
         )
         .with_timeout(Duration::from_secs(10)),
     );
+    let source = Arc::clone(&catch_up);
     let node = Node::spawn(RedisClient::new(SmolRuntime, redis, session).with_catch_up(catch_up));
 
     // Every process announces: `caches` from each, `events` from both
@@ -1222,6 +1231,52 @@ fn multi_writer_deployment_through_faults() {
             in_db.len()
         );
     }
+
+    // A row forged ahead that closes a writer's open batch delivers the
+    // batch's rows with it; when the writer's answer brings them again,
+    // the follower recognises them as the first rows at their token. That
+    // rests on Synapse's writers answering a token's rows byte for byte,
+    // in the order they published them: asked again here for each batch
+    // the follower took live.
+    let batches = node.record().live_batches.clone();
+    let mut differ = Vec::new();
+    for (stream, writer, token, live) in &batches {
+        let request = CatchUpRequest {
+            id: CatchUpId::new(1),
+            stream: stream.clone(),
+            writer: writer.clone(),
+            from: Token::new(token - 1),
+            to: Token::new(*token),
+        };
+        match smol::block_on(source.fetch(request)) {
+            Ok(page) => {
+                let answered: Vec<String> = page
+                    .updates
+                    .iter()
+                    .filter(|(at, _)| at.get() == *token)
+                    .map(|(_, row)| row.as_str().to_owned())
+                    .collect();
+                if answered != *live {
+                    differ.push(format!(
+                        "{stream} {writer} {token}: {live:?} != {answered:?}"
+                    ));
+                }
+            }
+            Err(error) => differ.push(format!("{stream} {writer} {token}: {error}")),
+        }
+    }
+    report.check(!batches.is_empty() && differ.is_empty(), || {
+        format!(
+            "{} batches taken live; asked again, {} differ: {differ:?}",
+            batches.len(),
+            differ.len()
+        )
+    });
+    eprintln!(
+        "batches taken live: {}, answered again as published: {}",
+        batches.len(),
+        batches.len() - differ.len()
+    );
 
     // Synapse's writers answer a proof with the very row they published.
     // (A proof asked of a paused persister waits, and with proofs asked
