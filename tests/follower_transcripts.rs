@@ -1911,3 +1911,27 @@ fn a_forged_announcement_at_the_follower_s_position_hides_no_row() {
         "#,
     );
 }
+
+#[test]
+fn any_number_of_forged_rows_each_jumping_ahead_hides_no_row() {
+    // 40 rows forged ahead of w1, each jumping above the one before: the
+    // follower keeps the last 32 ranges they jumped over, but the record
+    // of what was delivered says that nothing was at 11: w1's row there
+    // is fetched, not taken as stale.
+    let mut transcript =
+        String::from("> !connect\n> POSITION events w1 10 10\n< started events w1 10\n");
+    for i in 0..40 {
+        let token = 20 + 2 * i;
+        transcript += &format!(
+            "> RDATA events w1 {token} [\"forged\",{token}]\n\
+             < rows events w1 {token} [\"forged\",{token}]\n"
+        );
+    }
+    transcript += r#"> RDATA events w1 11 ["ev","$11"]
+        < catch-up #1 events w1 (10, 11]
+        > !page 1 {"updates":[[11,["ev","$11"]]],"upto_token":11,"limited":false}
+        < rows events w1 11 ["ev","$11"] [catch-up]
+        < position events w1 98
+        "#;
+    run("f1", &transcript);
+}

@@ -188,10 +188,12 @@ use state::{Ctx, Queued, Slot, StreamState, Streams, WriterState};
 /// delivered under the forged token, once: when a catch-up fetches them
 /// again with their own numbered row, they are recognised and skipped);
 /// send more than 32 rows ahead of the writer, each jumping above the one
-/// before, so that the range the first jumped over is no longer kept when
-/// the writer's rows there come (they are then taken as stale); send rows
-/// at the writer's next tokens *one after the other*, ahead of the writer's
-/// own, faster than the writer proves its rows: beyond four times
+/// before, so that the range the first jumped over is no longer kept: the
+/// writer's rows there that are lost in transit (a disconnection) are then
+/// not fetched by the next announcement (one that arrives live is: the
+/// record of rows delivered says none was there); send rows at the writer's
+/// next tokens *one after the other*, ahead of the writer's own, faster
+/// than the writer proves its rows: beyond four times
 /// [`FollowerLimits::max_unproven_rows`] rows not yet proven (16 for a
 /// writer the configuration does not name, which is never asked), the
 /// oldest are forgotten ([`FollowerCounters::unproven_forgotten`]), and a

@@ -11,7 +11,10 @@ use crate::wire::Token;
 pub(super) const UNASKED: usize = 16;
 
 /// Every row delivered (token and fingerprint), oldest first, since the
-/// writer last proved one.
+/// writer last proved one. Above `known_from`, a token with no row
+/// recorded had none delivered: a row there is not a duplicate, even
+/// below the last row (the range a forged row jumped over, no longer
+/// kept by [`Holes`](super::holes::Holes)).
 ///
 /// Forged rows at the writer's next tokens one after the other jump over
 /// nothing (no range of [`Holes`](super::holes::Holes) opens): the
@@ -22,9 +25,13 @@ pub(super) const UNASKED: usize = 16;
 /// below (a writer publishes in token order), all of which were then
 /// delivered or recognised here. What lies at or below it is no longer
 /// needed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Record {
     rows: VecDeque<Entry>,
+    /// Where following started, the last row proven, or the last row
+    /// forgotten unproven, whichever is highest: at or below it, what was
+    /// delivered is no longer known row by row.
+    known_from: Token,
     /// Rows delivered live since the writer was last asked for a proof.
     since_asked: usize,
 }
@@ -38,7 +45,39 @@ struct Entry {
     live: bool,
 }
 
+impl Default for Record {
+    fn default() -> Record {
+        Record::starting_at(Token(i64::MIN))
+    }
+}
+
 impl Record {
+    /// An empty record of a writer followed from `token`.
+    pub(super) fn starting_at(token: Token) -> Record {
+        Record {
+            rows: VecDeque::new(),
+            known_from: token,
+            since_asked: 0,
+        }
+    }
+
+    /// Whether no row at `token` was delivered, as far as the record
+    /// knows row by row (above `known_from`).
+    pub(super) fn never_delivered(&self, token: Token) -> bool {
+        token > self.known_from && self.rows.iter().all(|e| e.token != token)
+    }
+
+    /// The last token below `token` that a row was delivered at, or
+    /// `known_from`: where the writer's rows up to `token` are fetched
+    /// from when none was delivered there.
+    pub(super) fn delivered_below(&self, token: Token) -> Token {
+        self.rows
+            .iter()
+            .map(|e| e.token)
+            .filter(|&t| t < token)
+            .fold(self.known_from, Token::max)
+    }
+
     /// Whether a row at `token` with fingerprint `print` was delivered
     /// (`Some(true)`), others at that token were but not it
     /// (`Some(false)`), or none at that token is recorded (`None`).
@@ -54,7 +93,9 @@ impl Record {
     pub(super) fn note(&mut self, token: Token, print: u64, live: bool, keep: usize) -> bool {
         let full = self.rows.len() >= keep;
         if full {
-            self.rows.pop_front();
+            if let Some(forgotten) = self.rows.pop_front() {
+                self.known_from = self.known_from.max(forgotten.token);
+            }
         }
         self.rows.push_back(Entry { token, print, live });
         self.since_asked += usize::from(live);
@@ -87,13 +128,9 @@ impl Record {
             .any(|e| e.live && e.token == token && e.print == print);
         if proven {
             self.rows.retain(|e| e.token > token);
+            self.known_from = self.known_from.max(token);
         }
         proven
-    }
-
-    /// Forgets every row (the writer starts afresh).
-    pub(super) fn clear(&mut self) {
-        *self = Record::default();
     }
 }
 
@@ -136,6 +173,26 @@ mod tests {
         assert_eq!(r.last_live(), Some(Token(3)));
         r.asked();
         assert!(!r.due(3));
+    }
+
+    #[test]
+    fn tokens_with_no_row_above_what_is_known_were_never_delivered() {
+        let mut r = Record::starting_at(Token(10));
+        for token in [12, 15] {
+            r.note(Token(token), 100, true, 2);
+        }
+        assert!(!r.never_delivered(Token(10)), "where following started");
+        assert!(r.never_delivered(Token(11)) && r.never_delivered(Token(13)));
+        assert!(!r.never_delivered(Token(12)));
+        assert_eq!(r.delivered_below(Token(14)), Token(12));
+        assert_eq!(r.delivered_below(Token(11)), Token(10));
+        // Forgetting 12 unproven: what lies at or below it is no longer
+        // known.
+        r.note(Token(17), 100, true, 2);
+        assert!(!r.never_delivered(Token(11)) && r.never_delivered(Token(16)));
+        // Proving 17: nor what lies below it.
+        assert!(r.prove(Token(17), 100));
+        assert!(!r.never_delivered(Token(16)) && r.never_delivered(Token(18)));
     }
 
     #[test]

@@ -422,7 +422,7 @@ impl WriterState {
         self.floor = token;
         self.floor_claimed = claimed;
         self.holes.clear();
-        self.record.clear();
+        self.record = Record::starting_at(token);
         self.floor_print = 0;
         self.contested = None;
     }
@@ -484,20 +484,24 @@ impl WriterState {
 
     /// Whether a row at `token` was delivered already, or lies before
     /// where following started. Only rows make rows stale: a `POSITION`
-    /// never does.
+    /// never does. Below the last row, a token a live row jumped over
+    /// (in a range kept, or with no row recorded there) is not.
     pub(super) fn is_stale(&self, token: Token) -> bool {
-        token <= self.floor && !self.holes.contains(token)
+        token <= self.floor && !self.holes.contains(token) && !self.record.never_delivered(token)
     }
 
     /// Where a catch-up up to `token`, a row not stale, starts: the last
     /// row delivered (not the position: a `POSITION` only claimed the
     /// range above it, and the rows that would refute a false claim may
-    /// be lost with a connection), or the bottom of the hole it lies in.
+    /// be lost with a connection), or, below it, the bottom of the range
+    /// it lies in.
     fn gap_start(&self, token: Token) -> Token {
         if token > self.floor {
             self.floor
         } else {
-            self.holes.around(token).map_or(self.floor, |(low, _)| low)
+            self.holes
+                .around(token)
+                .map_or_else(|| self.record.delivered_below(token), |(low, _)| low)
         }
     }
 
@@ -1914,7 +1918,7 @@ mod tests {
         // Memory per tracked (stream, writer) pair, before the name's bytes
         // and the rows recorded (none allocated before the first).
         assert!(
-            mem::size_of::<WriterState>() <= 200,
+            mem::size_of::<WriterState>() <= 208,
             "{}",
             mem::size_of::<WriterState>()
         );
