@@ -478,9 +478,7 @@ fn commands_from_non_writers_are_rejected_and_change_nothing() {
 
 #[test]
 fn tracked_pairs_are_bounded() {
-    let mut limits = FollowerLimits::default();
-    limits.max_tracked_pairs = 2;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_tracked_pairs = 2);
     script.run(
         r#"
         > !connect
@@ -582,9 +580,7 @@ fn catch_up_answers_that_do_not_fit_are_refused_whole() {
 
 #[test]
 fn a_full_queue_is_folded_and_nothing_is_lost() {
-    let mut limits = FollowerLimits::default();
-    limits.max_queued_commands = 3;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_queued_commands = 3);
     script.run(
         r#"
         > !connect
@@ -632,9 +628,7 @@ fn a_full_queue_is_folded_and_nothing_is_lost() {
 
 #[test]
 fn a_full_batch_is_cut_and_fetched_whole() {
-    let mut limits = FollowerLimits::default();
-    limits.max_batch_rows = 2;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_batch_rows = 2);
     script.run(
         r#"
         > !connect
@@ -659,9 +653,7 @@ fn a_full_batch_is_cut_and_fetched_whole() {
 
 #[test]
 fn the_byte_budget_bounds_batches_and_queues() {
-    let mut limits = FollowerLimits::default();
-    limits.max_buffered_bytes = 20;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_buffered_bytes = 20);
     script.run(
         r#"
         > !connect
@@ -1163,9 +1155,7 @@ fn after_replicate_a_position_is_checked_whatever_its_prev() {
 fn a_replicate_keeps_its_place_among_held_commands() {
     // w1's commands wait behind its catch-up; the REPLICATE between them
     // applies to what came after it, not before.
-    let mut limits = FollowerLimits::default();
-    limits.max_queued_commands = 3;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_queued_commands = 3);
     script.run(
         r#"
         > !seed events w1 0
@@ -1693,9 +1683,7 @@ fn a_writer_forgotten_to_make_room_loses_no_row() {
     // configuration does not name; a real one (a generic worker writing
     // `caches`) is forgotten to make room. Heard of again, it goes on
     // from where it was: what it wrote meanwhile is fetched.
-    let mut limits = FollowerLimits::default();
-    limits.max_tracked_pairs = 2;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_tracked_pairs = 2);
     script.run(
         r#"
         > !connect
@@ -1729,8 +1717,13 @@ fn a_writer_forgotten_to_make_room_loses_no_row() {
 
 /// A follower that asks a writer to prove its rows every `rows` rows.
 fn proving_every(rows: usize) -> Script {
+    with_limits(|limits| limits.max_unproven_rows = rows)
+}
+
+/// Follower `f1` with the default limits, but for what `set` changes.
+fn with_limits(set: impl FnOnce(&mut FollowerLimits)) -> Script {
     let mut limits = FollowerLimits::default();
-    limits.max_unproven_rows = rows;
+    set(&mut limits);
     Script::with(Follower::with_limits(name("f1"), deployment(), limits))
 }
 
@@ -1852,9 +1845,7 @@ fn a_position_folded_after_rows_and_below_them_hides_none_of_them() {
     // follows them, and the queue (4 commands here) overflows into one
     // summary. The announcement below the rows does not undo them: they
     // are fetched, not taken as stale.
-    let mut limits = FollowerLimits::default();
-    limits.max_queued_commands = 4;
-    let mut script = Script::with(Follower::with_limits(name("f1"), deployment(), limits));
+    let mut script = with_limits(|limits| limits.max_queued_commands = 4);
     script.run(
         r#"
         > !seed events w1 0
